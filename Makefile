@@ -1,0 +1,33 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+
+setup:  ## system packages, kernel headers, venv with bcc + Python deps (idempotent, root)
+	@bash scripts/setup.sh
+
+demo: setup  ## live run-queue trace of a built-in contention workload
+	$(PY) -m tailsight.demo
+
+test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
+
+bench: setup  ## benchmarks (figures with same-run baselines)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
+
+lint: setup  ## ruff + mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+clean:  ## remove the venv and caches
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

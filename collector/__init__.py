@@ -1,0 +1,1 @@
+"""Collector: interval deltas, cgroup names, symbols, recording store, Prometheus export."""

@@ -1,0 +1,1 @@
+"""Grafana root-cause dashboards as code, and their provisioning."""

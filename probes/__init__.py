@@ -1,0 +1,1 @@
+"""eBPF probes: one probe is ``name.bpf.c`` + ``name.py``; BTF offsets and feature checks."""

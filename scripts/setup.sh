@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Idempotent host set-up for tailsight (Debian 12 / Ubuntu, as root):
+# system packages, kernel headers bcc can find, and a venv that imports bcc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+SYSTEM_PACKAGES=(python3-bpfcc bpftool python3-venv prometheus iproute2 nftables)
+
+missing=()
+for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+
+# bcc compiles against kernel headers. Prefer the running kernel's; where the
+# distribution has none (custom kernels), use the generic package and expose it
+# under /lib/modules/$(uname -r) -- struct offsets come from BTF, never from these.
+release=$(uname -r)
+if [ ! -e "/lib/modules/$release/build/include" ]; then
+    if [ ${#missing[@]} -gt 0 ] || ! apt-cache show "linux-headers-$release" >/dev/null 2>&1; then
+        apt-get update -qq
+    fi
+    if apt-cache show "linux-headers-$release" >/dev/null 2>&1; then
+        missing+=("linux-headers-$release")
+    else
+        . /etc/os-release
+        if [ "${ID:-}" = ubuntu ]; then missing+=(linux-headers-generic); else missing+=("linux-headers-$(dpkg --print-architecture)"); fi
+    fi
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    [ -n "$(find /var/lib/apt/lists -name '*Packages*' -newer /etc/os-release 2>/dev/null | head -1)" ] || apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -e "/lib/modules/$release/build/include" ]; then
+    build=$(find /usr/src -maxdepth 1 \( -name "linux-headers-*-$(dpkg --print-architecture)" -o -name 'linux-headers-*-generic' \) | sort -V | tail -1)
+    [ -n "$build" ] || { echo "setup: no kernel headers found under /usr/src" >&2; exit 1; }
+    common=${build%-*}-common
+    [ -d "$common" ] || common=$build
+    mkdir -p "/lib/modules/$release"
+    ln -sfn "$build" "/lib/modules/$release/build"
+    ln -sfn "$common" "/lib/modules/$release/source"
+    echo "setup: exposed $build as /lib/modules/$release/build (generic headers; offsets come from BTF)"
+fi
+
+# bcc ships only as a distribution package: the venv sees system site-packages.
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import bcc' 2>/dev/null; then
+    rm -rf "$VENV"
+    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+stamp="$VENV/.installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -e '.[dev]'
+    touch "$stamp"
+fi
+echo "setup: ok ($("$VENV/bin/python" --version), bcc $("$VENV/bin/python" -c 'import bcc; print(getattr(bcc, "__version__", "?"))'))"

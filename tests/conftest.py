@@ -1,0 +1,31 @@
+"""Kernel tests skip with the missing feature's name, except under TAILSIGHT_REQUIRE_KERNEL=1
+(CI), where a skipped kernel test is reported as a failure."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_KERNEL = os.environ.get("TAILSIGHT_REQUIRE_KERNEL") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_KERNEL and report.skipped and item.get_closest_marker("kernel") is not None:
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.longrepr = f"kernel test skipped under TAILSIGHT_REQUIRE_KERNEL=1: {reason}"
+
+
+@pytest.fixture(scope="session")
+def kernel_ready() -> None:
+    """Skip (or, in CI, fail) unless we are root and bcc is importable."""
+    if os.geteuid() != 0:
+        pytest.skip("kernel: needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)")
+    try:
+        import bcc  # noqa: F401
+    except ImportError as error:
+        pytest.skip(f"kernel: bcc not importable ({error})")

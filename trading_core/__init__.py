@@ -1,0 +1,1 @@
+"""Reference trading core: protocol codecs, order book, exchange simulator, feed and gateway."""
