@@ -17,7 +17,7 @@ demo: setup  ## live run-queue trace of a built-in contention workload
 test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	bash scripts/typecheck.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
 
@@ -27,7 +27,7 @@ bench: setup  ## benchmarks (figures with same-run baselines)
 lint: setup  ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+	bash scripts/typecheck.sh
 
 clean:  ## remove the venv and caches
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,9 +2,14 @@
 
 import typer
 
+from tailsight.cli import doctor, itch, trace
+
 app = typer.Typer(
     name="tailsight",
     help="Kernel-level latency forensics: exact 5 µs histograms per cgroup.",
     no_args_is_help=True,
     add_completion=False,
 )
+app.command("doctor")(doctor.doctor)
+app.command("trace")(trace.trace)
+app.add_typer(itch.app, name="itch")

@@ -1,0 +1,107 @@
+"""Cgroup v2 id <-> path: a cgroup's id (what BPF reports) is its directory's inode number."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Final
+
+UNKNOWN: Final = "unknown"
+ROOT_PATH: Final = "/"
+
+
+class CgroupResolver:
+    """Names cgroup ids as paths relative to the cgroup2 mount ("/", "/tailsight/feed").
+
+    Cached (bounded, least recently used dropped first); an id not in the cache triggers at most
+    one walk of the hierarchy per call, and ids still not found (removed cgroups) are "unknown".
+    """
+
+    def __init__(self, root: Path | str, max_entries: int = 4096) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self.root = Path(root)
+        self.max_entries = max_entries
+        self.walks = 0
+        self._cache: OrderedDict[int, str] = OrderedDict()
+
+    def resolve(self, cgroup_id: int) -> str:
+        """Path of one cgroup id, or "unknown"."""
+        return self.resolve_many([cgroup_id])[cgroup_id]
+
+    def resolve_many(self, cgroup_ids: Iterable[int]) -> dict[int, str]:
+        """Paths of several ids with at most one walk for all the misses together."""
+        wanted = list(dict.fromkeys(cgroup_ids))
+        missing = [i for i in wanted if i not in self._cache]
+        found: dict[int, str] = {}
+        if missing:
+            tree = dict(self.walk())
+            self.walks += 1
+            found = {i: tree[i] for i in missing if i in tree}
+        result: dict[int, str] = {}
+        for cgroup_id in wanted:
+            path = self._cache.get(cgroup_id) or found.get(cgroup_id)
+            if path is None:
+                result[cgroup_id] = UNKNOWN
+                continue
+            self._remember(cgroup_id, path)
+            result[cgroup_id] = path
+        return result
+
+    def walk(self) -> Iterator[tuple[int, str]]:
+        """Every (id, path) under the root, the root itself first; vanished dirs are skipped."""
+        try:
+            yield os.stat(self.root).st_ino, ROOT_PATH
+        except FileNotFoundError:
+            return
+        stack = [(self.root, "")]
+        while stack:
+            directory, relative = stack.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue  # a cgroup removed while we walk is normal
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    path = f"{relative}/{entry.name}"
+                    yield entry.inode(), path
+                    stack.append((Path(entry.path), path))
+
+    def id_of(self, path: str) -> int:
+        """Id of the cgroup at a path relative to the root ("/" or "/a/b"); FileNotFoundError if none."""
+        return os.stat(self.absolute(path)).st_ino
+
+    def subtree_ids(self, path: str) -> dict[int, str]:
+        """Ids and paths of a cgroup and all its descendants (for --cgroup filters)."""
+        prefix = normalize(path)
+        return {
+            cgroup_id: p
+            for cgroup_id, p in self.walk()
+            if prefix == ROOT_PATH or p == prefix or p.startswith(prefix + "/")
+        }
+
+    def absolute(self, path: str) -> Path:
+        """Filesystem path of a cgroup path relative to the root."""
+        return self.root / normalize(path).lstrip("/")
+
+    def _remember(self, cgroup_id: int, path: str) -> None:
+        self._cache[cgroup_id] = path
+        self._cache.move_to_end(cgroup_id)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+
+
+def normalize(path: str) -> str:
+    """"a/b/", "/a//b" -> "/a/b"; "" and "/" -> "/"."""
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"cgroup path {path!r} must not contain '.' or '..'")
+    return "/" + "/".join(parts)
+
+
+def is_within(path: str, ancestor: str) -> bool:
+    """Whether cgroup `path` is `ancestor` or below it."""
+    path, ancestor = normalize(path), normalize(ancestor)
+    return ancestor == ROOT_PATH or path == ancestor or path.startswith(ancestor + "/")

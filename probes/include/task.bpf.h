@@ -1,0 +1,78 @@
+/* Reading a kernel `struct task_struct *` with offsets taken from BTF at load time.
+ *
+ * The kernel headers bcc compiles against are generic and their struct layouts are wrong for the
+ * running kernel, so a task is only ever touched as bytes at an offset passed with -D by
+ * tailsight.probes.offsets.verified_offset_cflags() (which also self-checks them).  Never
+ * dereference `struct task_struct` from bcc's headers.
+ */
+#ifndef TAILSIGHT_TASK_BPF_H
+#define TAILSIGHT_TASK_BPF_H
+
+#ifndef TASK_PID_OFF
+#error "TASK_PID_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef TASK_TGID_OFF
+#error "TASK_TGID_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef TASK_COMM_OFF
+#error "TASK_COMM_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef TASK_CGROUPS_OFF
+#error "TASK_CGROUPS_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef CSS_SET_DFL_CGRP_OFF
+#error "CSS_SET_DFL_CGRP_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef CGROUP_KN_OFF
+#error "CGROUP_KN_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+#ifndef KERNFS_NODE_ID_OFF
+#error "KERNFS_NODE_ID_OFF undefined: compile with tailsight.probes.offsets.verified_offset_cflags()"
+#endif
+
+#define TASK_COMM_LEN_BYTES 16
+
+/* Thread id (the kernel's task->pid). 0 if the read fails. */
+static __always_inline u32 task_pid(const void *task)
+{
+    u32 pid = 0;
+    bpf_probe_read_kernel(&pid, sizeof(pid), (const char *)task + TASK_PID_OFF);
+    return pid;
+}
+
+/* Process id (task->tgid). 0 if the read fails. */
+static __always_inline u32 task_tgid(const void *task)
+{
+    u32 tgid = 0;
+    bpf_probe_read_kernel(&tgid, sizeof(tgid), (const char *)task + TASK_TGID_OFF);
+    return tgid;
+}
+
+/* task->comm, NUL-padded; all zero if the read fails (the helper zeroes on error). */
+static __always_inline void task_comm(const void *task, char comm[TASK_COMM_LEN_BYTES])
+{
+    bpf_probe_read_kernel(comm, TASK_COMM_LEN_BYTES, (const char *)task + TASK_COMM_OFF);
+}
+
+/* The task's cgroup v2 id, task->cgroups->dfl_cgrp->kn->id: what bpf_get_current_cgroup_id()
+ * returns for current, but for any task (a woken or migrated one).  0 if a read fails. */
+static __always_inline u64 task_cgroup_id(const void *task)
+{
+    const char *css_set = 0;
+    const char *cgroup = 0;
+    const char *kn = 0;
+    u64 id = 0;
+
+    if (bpf_probe_read_kernel(&css_set, sizeof(css_set), (const char *)task + TASK_CGROUPS_OFF) ||
+        !css_set)
+        return 0;
+    if (bpf_probe_read_kernel(&cgroup, sizeof(cgroup), css_set + CSS_SET_DFL_CGRP_OFF) || !cgroup)
+        return 0;
+    if (bpf_probe_read_kernel(&kn, sizeof(kn), cgroup + CGROUP_KN_OFF) || !kn)
+        return 0;
+    if (bpf_probe_read_kernel(&id, sizeof(id), kn + KERNFS_NODE_ID_OFF))
+        return 0;
+    return id;
+}
+
+#endif /* TAILSIGHT_TASK_BPF_H */

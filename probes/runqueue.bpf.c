@@ -1,0 +1,174 @@
+/* runqueue: time each task waits on a CPU run queue, as exact 5 µs histograms per cgroup, and
+ * who made it wait.
+ *
+ * Measures: from the moment a task becomes runnable (woken, newly forked, or preempted while still
+ * runnable) to the moment it is switched in -- the kernel's own schedstat `run_delay`
+ * (/proc/<pid>/schedstat field 2), which the kernel tests use as ground truth.
+ *
+ * Attach points (raw tracepoints; arguments per the btf_trace_<name> typedefs):
+ *   sched_wakeup(struct task_struct *p), sched_wakeup_new(struct task_struct *p)
+ *   sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+ *                unsigned int prev_state)
+ *
+ * Attribution: the wait is charged to the cgroup of the task that waited (`next`, read through
+ * task.bpf.h), never to `current`.  Each wait is also charged to the pair (victim = next's cgroup,
+ * aggressor = prev's cgroup): prev is who held the CPU until next got it.  If prev is the idle
+ * task (pid 0) the aggressor is 0 ("idle"): the CPU was idle, nobody displaced the victim.
+ *
+ * Stamps: wakeups stamp with BPF_NOEXIST, so a task already queued keeps its earlier stamp (the
+ * kernel counts run_delay from enqueue).  At a switch, a prev still TASK_RUNNING (prev_state 0)
+ * was preempted and is re-queued: re-stamp; any other prev is going to sleep: delete its stamp,
+ * so a stale stamp can never turn a sleep into a bogus latency.  This is the kernel's own rule
+ * (sched_info_depart re-queues a task only if task_is_running()).
+ *
+ * Overhead (benchmarks/bench_probe_overhead.py, kernel 6.18, 2 vCPUs, pipe ping-pong load):
+ * the sched_switch program costs ~2.7x an empty program on the same tracepoint; see the
+ * benchmark output for the current figures.
+ *
+ * Tunables (-D): RUNQUEUE_MAX_TASKS, RUNQUEUE_MAX_CELLS, RUNQUEUE_MAX_CGROUPS, RUNQUEUE_MAX_PAIRS;
+ * RUNQUEUE_CGROUP_FILTER: record only victims whose cgroup id is in runqueue_cgroup_allow.
+ */
+#include "hist.bpf.h"
+#include "task.bpf.h"
+
+#ifndef RUNQUEUE_MAX_TASKS
+#define RUNQUEUE_MAX_TASKS 16384
+#endif
+#ifndef RUNQUEUE_MAX_CELLS
+#define RUNQUEUE_MAX_CELLS 65536
+#endif
+#ifndef RUNQUEUE_MAX_CGROUPS
+#define RUNQUEUE_MAX_CGROUPS 4096
+#endif
+#ifndef RUNQUEUE_MAX_PAIRS
+#define RUNQUEUE_MAX_PAIRS 16384
+#endif
+
+#define TASK_RUNNING_STATE 0
+#define ERRNO_EEXIST 17 /* asm-generic/errno-base.h */
+
+/* Drop reasons (index into runqueue_dropped_events). A missing stamp is not a drop. */
+#define DROP_STAMP_UPDATE 0
+#define DROP_HIST_FULL 1
+#define DROP_PAIR_FULL 2
+#define DROP_REASONS 3
+
+struct runqueue_pair_key {
+    u64 victim_cgroup_id;
+    u64 aggressor_cgroup_id;
+};
+
+struct runqueue_pair_wait {
+    u64 wait_ns;
+    u64 count;
+};
+
+/* pid -> ktime when it became runnable; LRU so a lost task can never fill the map. */
+BPF_TABLE("lru_hash", u32, u64, runqueue_start_ns, RUNQUEUE_MAX_TASKS);
+BPF_HASH(runqueue_wait_hist, struct hist_key, u64, RUNQUEUE_MAX_CELLS);
+BPF_HASH(runqueue_wait_totals, u64, struct hist_totals, RUNQUEUE_MAX_CGROUPS);
+BPF_HASH(runqueue_displaced_wait, struct runqueue_pair_key, struct runqueue_pair_wait,
+         RUNQUEUE_MAX_PAIRS);
+BPF_PERCPU_ARRAY(runqueue_dropped_events, u64, DROP_REASONS);
+#ifdef RUNQUEUE_CGROUP_FILTER
+BPF_HASH(runqueue_cgroup_allow, u64, u8, RUNQUEUE_MAX_CGROUPS);
+#endif
+
+static __always_inline void count_drop(u32 reason)
+{
+    u64 *dropped = runqueue_dropped_events.lookup(&reason);
+
+    if (dropped)
+        (*dropped)++;
+}
+
+static __always_inline void stamp_woken(const void *task)
+{
+    u32 pid = task_pid(task);
+    u64 now_ns;
+    int err;
+
+    if (pid == 0)
+        return;
+    now_ns = bpf_ktime_get_ns();
+    err = runqueue_start_ns.insert(&pid, &now_ns);
+    /* -EEXIST under BPF_NOEXIST is the intended "already queued" case, not a failure. */
+    if (err && err != -ERRNO_EEXIST)
+        count_drop(DROP_STAMP_UPDATE);
+}
+
+int on_sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
+{
+    stamp_woken((const void *)ctx->args[0]);
+    return 0;
+}
+
+int on_sched_wakeup_new(struct bpf_raw_tracepoint_args *ctx)
+{
+    stamp_woken((const void *)ctx->args[0]);
+    return 0;
+}
+
+static __always_inline void record_wait(u64 victim_cgroup_id, u64 aggressor_cgroup_id, u64 wait_ns)
+{
+    struct hist_key key = hist_key_for(victim_cgroup_id, wait_ns);
+    struct hist_totals no_totals = {};
+    struct runqueue_pair_key pair = {};
+    struct runqueue_pair_wait no_wait = {};
+    struct runqueue_pair_wait *displaced;
+    u64 zero = 0;
+    u64 *bucket_count = runqueue_wait_hist.lookup_or_try_init(&key, &zero);
+    struct hist_totals *totals = runqueue_wait_totals.lookup_or_try_init(&victim_cgroup_id,
+                                                                         &no_totals);
+
+    if (hist_add_sample(bucket_count, totals, wait_ns))
+        count_drop(DROP_HIST_FULL);
+
+    pair.victim_cgroup_id = victim_cgroup_id;
+    pair.aggressor_cgroup_id = aggressor_cgroup_id;
+    displaced = runqueue_displaced_wait.lookup_or_try_init(&pair, &no_wait);
+    if (!displaced) {
+        count_drop(DROP_PAIR_FULL);
+        return;
+    }
+    __sync_fetch_and_add(&displaced->wait_ns, wait_ns);
+    __sync_fetch_and_add(&displaced->count, 1);
+}
+
+int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
+{
+    const void *prev = (const void *)ctx->args[1];
+    const void *next = (const void *)ctx->args[2];
+    u32 prev_state = (u32)ctx->args[3];
+    u32 prev_pid = task_pid(prev);
+    u32 next_pid = task_pid(next);
+    u64 now_ns = bpf_ktime_get_ns();
+    u64 *start_ns;
+    u64 wait_ns;
+    u64 victim_cgroup_id;
+
+    if (prev_pid != 0) {
+        if (prev_state == TASK_RUNNING_STATE) {
+            if (runqueue_start_ns.update(&prev_pid, &now_ns))
+                count_drop(DROP_STAMP_UPDATE);
+        } else {
+            runqueue_start_ns.delete(&prev_pid);
+        }
+    }
+
+    if (next_pid == 0)
+        return 0;
+    start_ns = runqueue_start_ns.lookup(&next_pid);
+    if (!start_ns)
+        return 0;
+    wait_ns = now_ns > *start_ns ? now_ns - *start_ns : 0;
+    runqueue_start_ns.delete(&next_pid);
+
+    victim_cgroup_id = task_cgroup_id(next);
+#ifdef RUNQUEUE_CGROUP_FILTER
+    if (!runqueue_cgroup_allow.lookup(&victim_cgroup_id))
+        return 0;
+#endif
+    record_wait(victim_cgroup_id, prev_pid == 0 ? 0 : task_cgroup_id(prev), wait_ns);
+    return 0;
+}

@@ -1,0 +1,172 @@
+"""A built-in CPU contention workload, each group of processes in its own cgroup v2.
+
+Used by the demo and the kernel tests: busy loops pinned to one CPU so that they displace each
+other on its run queue.  Context manager; always kills its processes and removes its cgroups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+BASE_CGROUP: Final = "tailsight-test"
+
+# Children die with us even if we are SIGKILLed (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9);
+# the getppid check closes the race with a parent that died before the prctl.
+_DIE_WITH_PARENT: Final = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9)\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+)
+SPIN_CODE: Final = _DIE_WITH_PARENT + "while True: pass\n"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One process: ``argv`` run in cgroup ``group``, pinned to ``cpu`` if given."""
+
+    group: str
+    argv: tuple[str, ...] = ()
+    cpu: int | None = None
+    pipes: bool = False  # stdin/stdout pipes, for processes driven by the caller
+
+    def command(self) -> list[str]:
+        if self.argv:
+            return list(self.argv)
+        return [sys.executable, "-S", "-c", SPIN_CODE, str(os.getpid())]
+
+
+def python_task(group: str, code: str, cpu: int | None = None, pipes: bool = False) -> Task:
+    """A Python snippet as a task that dies with its parent."""
+    argv = (sys.executable, "-S", "-c", _DIE_WITH_PARENT + code, str(os.getpid()))
+    return Task(group, argv, cpu, pipes)
+
+
+def default_cpu() -> int:
+    """The highest CPU we may run on (the demo and tests pin their contention there)."""
+    return max(os.sched_getaffinity(0))
+
+
+class Workload:
+    """Processes in cgroups ``<cgroup2 mount>/<base>/<group>``, started on enter, killed on exit."""
+
+    def __init__(
+        self, tasks: Sequence[Task], base: str = BASE_CGROUP, mount: Path | None = None
+    ) -> None:
+        self.tasks = list(tasks)
+        self.base = base.strip("/")
+        self._mount = mount
+        self.processes: list[tuple[Task, subprocess.Popen[bytes]]] = []
+        self._created: list[Path] = []
+
+    @property
+    def mount(self) -> Path:
+        if self._mount is None:
+            from tailsight.probes.features import find_cgroup2_mount
+
+            self._mount = find_cgroup2_mount()
+        return self._mount
+
+    @property
+    def groups(self) -> list[str]:
+        return list(dict.fromkeys(t.group for t in self.tasks))
+
+    def cgroup_path(self, group: str) -> str:
+        """Path relative to the cgroup2 root, e.g. "/tailsight-test/victim"."""
+        return f"/{self.base}/{group}"
+
+    def cgroup_dir(self, group: str) -> Path:
+        return self.mount / self.base / group
+
+    def cgroup_id(self, group: str) -> int:
+        """The cgroup's v2 id (its directory's inode), as the probes report it."""
+        return os.stat(self.cgroup_dir(group)).st_ino
+
+    def pids(self, group: str | None = None) -> list[int]:
+        return [p.pid for t, p in self.processes if group is None or t.group == group]
+
+    def process(self, group: str, n: int = 0) -> subprocess.Popen[bytes]:
+        return [p for t, p in self.processes if t.group == group][n]
+
+    def start(self) -> None:
+        """Create the cgroups, start every task, move it into its cgroup, pin it."""
+        try:
+            for directory in (self.mount / self.base, *map(self.cgroup_dir, self.groups)):
+                if not directory.exists():
+                    directory.mkdir()
+                    self._created.append(directory)
+            for task in self.tasks:
+                pipe = subprocess.PIPE if task.pipes else subprocess.DEVNULL
+                proc = subprocess.Popen(task.command(), stdin=pipe, stdout=pipe)
+                self.processes.append((task, proc))
+                (self.cgroup_dir(task.group) / "cgroup.procs").write_text(f"{proc.pid}\n")
+                if task.cpu is not None:
+                    os.sched_setaffinity(proc.pid, {task.cpu})
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Kill and reap every process, remove the cgroups we created; idempotent."""
+        while self.processes:
+            _, proc = self.processes.pop()
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+        while self._created:
+            directory = self._created.pop()
+            if directory == self.mount / self.base:
+                with contextlib.suppress(OSError):  # shared with a concurrent workload
+                    directory.rmdir()
+            else:
+                _rmdir_retrying(directory)
+
+    def __enter__(self) -> Workload:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def contention(
+    cpu: int | None = None, victims: int = 2, neighbours: int = 1, base: str = BASE_CGROUP
+) -> Workload:
+    """The demo's scene: a "victim" cgroup and a "noisy" neighbour spinning on the same CPU."""
+    cpu = default_cpu() if cpu is None else cpu
+    tasks = [Task("victim", cpu=cpu) for _ in range(victims)]
+    tasks += [Task("noisy", cpu=cpu) for _ in range(neighbours)]
+    return Workload(tasks, base=base)
+
+
+def _rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
+    # A killed task leaves its cgroup asynchronously after reaping: rmdir says EBUSY briefly.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            directory.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)

@@ -1,0 +1,20 @@
+/* Test harness for probes/include/hist.bpf.h, run with BPF_PROG_TEST_RUN (never attached):
+ * args[0] = value_ns, args[1] = cgroup id; records the sample and returns the bucket index. */
+#include "hist.bpf.h"
+
+BPF_HASH(test_hist, struct hist_key, u64, 8192);
+BPF_HASH(test_totals, u64, struct hist_totals, 64);
+
+int hist_index_of(struct bpf_raw_tracepoint_args *ctx)
+{
+    u64 value_ns = ctx->args[0];
+    u64 cgroup_id = ctx->args[1];
+    struct hist_key key = hist_key_for(cgroup_id, value_ns);
+    struct hist_totals no_totals = {};
+    u64 zero = 0;
+    u64 *bucket_count = test_hist.lookup_or_try_init(&key, &zero);
+    struct hist_totals *totals = test_totals.lookup_or_try_init(&cgroup_id, &no_totals);
+
+    hist_add_sample(bucket_count, totals, value_ns);
+    return key.bucket;
+}

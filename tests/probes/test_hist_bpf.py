@@ -1,0 +1,76 @@
+"""The kernel-side bucket index (probes/include/hist.bpf.h, the real header) against hist.py.
+
+A harness program including the header runs under BPF_PROG_TEST_RUN on chosen values; its
+return value is the kernel's bucket index and its maps hold what hist_add_sample recorded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tailsight.hist import NUM_BUCKETS, bucket_index, bucket_upper_bounds_ns
+
+pytestmark = pytest.mark.kernel
+
+HARNESS = Path(__file__).with_name("hist_index_test.bpf.c")
+EDGE_CGROUP, RANDOM_CGROUP, HUGE_CGROUP = 11, 22, 33
+
+
+@pytest.fixture(scope="module")
+def harness(kernel_ready: None) -> Any:
+    from bcc import BPF
+
+    from tailsight.probes.loader import PROBES_DIR, compile_source
+
+    bpf = compile_source(HARNESS, [f"-I{PROBES_DIR / 'include'}"])
+    fn = bpf.load_func(b"hist_index_of", BPF.RAW_TRACEPOINT)
+    yield bpf, fn.fd
+    bpf.cleanup()
+
+
+def _edge_values() -> list[int]:
+    values = {0, 1, 4_999}
+    for upper in bucket_upper_bounds_ns().tolist():
+        values.update((upper - 1, upper, upper + 1))
+    return sorted(values)
+
+
+def _kernel_index(prog_fd: int, value_ns: int, cgroup_id: int) -> int:
+    from tailsight.probes.loader import prog_test_run_raw_tp
+
+    return prog_test_run_raw_tp(prog_fd, [value_ns, cgroup_id])
+
+
+def test_kernel_index_matches_hist_py(harness: Any) -> None:
+    bpf, prog_fd = harness
+    rng = np.random.default_rng(20261129)
+    edges = _edge_values()
+    # log-uniform over 1 ns .. 100 s, so every tail bucket and the overflow get samples
+    random_values = np.unique(np.exp(rng.uniform(0, np.log(1e11), 3000)).astype(np.int64)).tolist()
+    huge = [2**40, 2**63 - 1, 2**63, 2**64 - 1]
+
+    for cgroup_id, values in ((EDGE_CGROUP, edges), (RANDOM_CGROUP, random_values)):
+        mismatches = [
+            (v, got, bucket_index(v))
+            for v in values
+            if (got := _kernel_index(prog_fd, v, cgroup_id)) != bucket_index(v)
+        ]
+        assert not mismatches[:10], "value_ns, kernel, hist.py"
+    for value in huge:
+        assert _kernel_index(prog_fd, value, HUGE_CGROUP) == NUM_BUCKETS  # overflow
+
+    # What hist_add_sample stored: bucket cells and totals equal a naive count of the inputs.
+    cells = {(k.cgroup_id, k.bucket): v.value for k, v in bpf[b"test_hist"].items()}
+    totals = {k.value: (v.count, v.sum_ns) for k, v in bpf[b"test_totals"].items()}
+    for cgroup_id, values in ((EDGE_CGROUP, edges), (RANDOM_CGROUP, random_values)):
+        expected = Counter(bucket_index(v) for v in values)
+        got = {b: n for (cg, b), n in cells.items() if cg == cgroup_id}
+        assert got == dict(expected)
+        assert totals[cgroup_id] == (len(values), sum(values))
+    assert cells[(HUGE_CGROUP, NUM_BUCKETS)] == len(huge)
+    assert totals[HUGE_CGROUP][0] == len(huge)

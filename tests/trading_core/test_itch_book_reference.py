@@ -1,0 +1,121 @@
+"""The book against ``itch-book`` (an independent C++ ITCH 5.0 book) on the same generated file.
+
+itch-book needs the session date, which it takes from a NASDAQ-style file name
+(``MMDDYYYY.NASDAQ_ITCH50``, ``SMMDDYY-v50``, ``YYYYMMDD.BX_ITCH_50``) or from ``date=``; its
+``seq`` column is the 1-based ordinal of the message in the file. Its ``bbo`` table has one row
+per change of price or size at the touch, so we replay our book, record the same rows, and
+compare whole trajectories, not only the final top of book.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tailsight.trading_core import itch
+from tailsight.trading_core.book import Book, TradeEvent
+from tailsight.trading_core.market import generate_day, write_day
+
+itch_book = pytest.importorskip("itch_book")
+
+SEED, SYMBOLS, MESSAGES = 20260105, 6, 40_000
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, dict[str, Any]]:
+    path = tmp_path_factory.mktemp("itch") / "01052026.NASDAQ_ITCH50"  # date from the name
+    write_day(path, seed=SEED, symbols=SYMBOLS, messages=MESSAGES)
+    feed = itch_book.open(str(path), price_type="fixed")
+    assert feed.date == dt.date(2026, 1, 5)
+    batches = list(feed.batches(tables=("bbo", "trades", "symbols"), rows=10**9))
+    assert len(batches) == 1
+    assert feed.stats is not None
+    return path, batches[0], feed.stats
+
+
+@pytest.fixture(scope="module")
+def replay() -> tuple[Book, list[tuple[int, ...]], list[tuple[int, TradeEvent]]]:
+    book = Book(debug=True)
+    last: dict[int, tuple[int, ...]] = {}
+    bbo_rows: list[tuple[int, ...]] = []
+    trades: list[tuple[int, TradeEvent]] = []
+    for seq, msg in enumerate(generate_day(SEED, symbols=SYMBOLS, messages=MESSAGES), start=1):
+        trade = book.apply(msg)
+        if trade is not None:
+            trades.append((seq, trade))
+        locate = msg.stock_locate
+        if locate and locate in book.books:
+            top = tuple(book.top_of_book(locate))
+            if top != last.get(locate, (0, 0, 0, 0)):
+                bbo_rows.append((seq, locate, *top))
+                last[locate] = top
+    return book, bbo_rows, trades
+
+
+def test_final_top_of_book_per_symbol(reference: Any, replay: Any) -> None:
+    _, batch, _ = reference
+    book, _, _ = replay
+    bbo = batch.bbo
+    symbols = dict(zip(batch.symbols["locate"], batch.symbols["symbol"], strict=True))
+    assert {int(k): v for k, v in symbols.items()} == book.symbols
+    for locate in book.symbols:
+        last = np.nonzero(bbo["locate"] == locate)[0][-1]
+        theirs = tuple(int(bbo[c][last]) for c in ("bid_px", "bid_sz", "ask_px", "ask_sz"))
+        assert theirs == tuple(book.top_of_book(locate)), symbols[locate]
+        best_bid = book.books[locate].bids.best()
+        assert best_bid is not None and int(bbo["bid_ct"][last]) == len(best_bid.orders)
+
+
+def test_every_top_of_book_change_matches(reference: Any, replay: Any) -> None:
+    _, batch, _ = reference
+    _, bbo_rows, _ = replay
+    bbo = batch.bbo
+    columns = ("seq", "locate", "bid_px", "bid_sz", "ask_px", "ask_sz")
+    theirs = list(zip(*(bbo[c].tolist() for c in columns), strict=True))
+    assert len(theirs) > MESSAGES // 10
+    assert theirs == bbo_rows
+
+
+def test_trades_match(reference: Any, replay: Any) -> None:
+    """E and printable C prints: same message, price, size; itch-book's side is the resting side."""
+    _, batch, _ = reference
+    _, _, trades = replay
+    t = batch.trades
+    kinds = t["kind"]
+    rows = [
+        (seq, locate, price, size, side.decode())
+        for seq, locate, price, size, side, kind in zip(
+            t["seq"].tolist(), t["locate"].tolist(), t["price"].tolist(), t["size"].tolist(),
+            t["side"].tolist(), kinds.tolist(), strict=True,
+        )
+        if kind in (b"E", b"C")
+    ]  # fmt: skip
+    resting = {"B": "S", "S": "B"}
+    ours = [
+        (seq, e.locate, e.price, e.shares, resting[e.aggressor_side])
+        for seq, e in trades
+        if e.printable
+    ]
+    assert len(ours) > 1000
+    assert rows == ours
+
+
+def test_feed_statistics_agree(reference: Any, replay: Any) -> None:
+    path, _, stats = reference
+    book, _, _ = replay
+    assert stats["messages"] == MESSAGES
+    assert stats["live_orders"] == len(book.orders)
+    assert stats["crossed_books"] == 0
+    assert stats["missing_ref"] == stats["dup_ref"] == stats["clamped"] == 0
+    assert book.errors == {}
+    kinds: dict[str, int] = {}
+    for msg in generate_day(SEED, symbols=SYMBOLS, messages=MESSAGES):
+        kinds[msg.message_type.decode()] = kinds.get(msg.message_type.decode(), 0) + 1
+    assert stats["adds"] == kinds["A"] + kinds["F"]
+    assert stats["deletes"] == kinds["D"]
+    assert stats["replaces"] == kinds["U"]
+    framed_bytes = sum(n * (2 + itch.MESSAGE_LENGTHS[k.encode()]) for k, n in kinds.items())
+    assert path.stat().st_size == framed_bytes
