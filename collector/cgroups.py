@@ -70,7 +70,7 @@ class CgroupResolver:
                     stack.append((Path(entry.path), path))
 
     def id_of(self, path: str) -> int:
-        """Id of the cgroup at a path relative to the root ("/" or "/a/b"); FileNotFoundError if none."""
+        """Id of the cgroup at a path relative to the root; FileNotFoundError if none."""
         return os.stat(self.absolute(path)).st_ino
 
     def subtree_ids(self, path: str) -> dict[int, str]:
@@ -94,7 +94,7 @@ class CgroupResolver:
 
 
 def normalize(path: str) -> str:
-    """"a/b/", "/a//b" -> "/a/b"; "" and "/" -> "/"."""
+    """ "a/b/", "/a//b" -> "/a/b"; "" and "/" -> "/"."""
     parts = [p for p in path.split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise ValueError(f"cgroup path {path!r} must not contain '.' or '..'")

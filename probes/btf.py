@@ -10,10 +10,11 @@ import functools
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_BTF_PATH = Path("/sys/kernel/btf/vmlinux")
 
@@ -80,30 +81,75 @@ class FieldOffset:
         return self
 
 
+class _Member(NamedTuple):
+    name: str
+    type_id: int
+    bits_offset: int
+    bitfield_size: int | None
+
+
+class _Type(NamedTuple):
+    """The parts of one BTF type we use: bpftool's dicts take ~5x the memory, and this is cached."""
+
+    kind: str
+    name: str
+    type_id: int = 0  # target of PTR, ARRAY, TYPEDEF and qualifiers
+    size: int = 0
+    nr_elems: int = 0  # ARRAY
+    nr_bits: int = 0  # INT
+    int_bits_offset: int = 0  # INT (old-style bitfields)
+    fwd_kind: str = ""  # FWD: "struct" or "union"
+    members: tuple[_Member, ...] = ()
+    params: tuple[int, ...] = ()  # FUNC_PROTO parameter type ids
+
+
+def _compact(entry: Mapping[str, Any]) -> _Type:
+    kind = str(entry["kind"])
+    name = sys.intern(str(entry.get("name", "")))
+    members = tuple(
+        _Member(
+            sys.intern(str(m["name"])),
+            int(m["type_id"]),
+            int(m["bits_offset"]),
+            int(m["bitfield_size"]) if m.get("bitfield_size") else None,
+        )
+        for m in entry.get("members", ())
+    )
+    return _Type(
+        kind=kind,
+        name=name,
+        type_id=int(entry.get("type_id", 0)),
+        size=int(entry.get("size", 0)),
+        nr_elems=int(entry.get("nr_elems", 0)),
+        nr_bits=int(entry.get("nr_bits", 0)),
+        int_bits_offset=int(entry.get("bits_offset", 0)) if kind == "INT" else 0,
+        fwd_kind=str(entry.get("fwd_kind", "")),
+        members=members,
+        params=tuple(int(p["type_id"]) for p in entry.get("params", ())),
+    )
+
+
 class Btf:
     """Types from one BTF blob, indexed for member and tracepoint lookups."""
 
     def __init__(self, types: Iterable[Mapping[str, Any]]) -> None:
-        self._types: dict[int, Mapping[str, Any]] = {}
+        self._types: dict[int, _Type] = {}
         self._by_name: dict[str, list[int]] = {}
         for entry in types:
-            kind = entry["kind"]
-            if kind not in _KEPT_KINDS:
+            if entry["kind"] not in _KEPT_KINDS:
                 continue
-            if kind in ("ENUM", "ENUM64"):
-                entry = {k: v for k, v in entry.items() if k != "values"}
+            compact = _compact(entry)
             type_id = int(entry["id"])
-            self._types[type_id] = entry
-            name = entry.get("name", "")
-            if name not in _ANON_NAMES:
-                self._by_name.setdefault(name, []).append(type_id)
+            self._types[type_id] = compact
+            if compact.name not in _ANON_NAMES:
+                self._by_name.setdefault(compact.name, []).append(type_id)
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> Btf:
         """Build from bpftool's JSON document (``{"types": [...]}``)."""
         try:
             return cls(document["types"])
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise BtfError(f"not a bpftool BTF JSON document: {error!r}") from error
 
     @classmethod
@@ -119,7 +165,7 @@ class Btf:
         candidates = [
             tid
             for tid in self._by_name.get(struct_name, [])
-            if self._types[tid]["kind"] in ("STRUCT", "UNION")
+            if self._types[tid].kind in ("STRUCT", "UNION")
         ]
         if not candidates:
             raise BtfError(f"struct {struct_name} is not in BTF")
@@ -149,8 +195,8 @@ class Btf:
         bit_offset = 0
         bit_size: int | None = None
         for depth, part in enumerate(parts):
-            container = self._types[self._strip(type_id)]
-            if container["kind"] not in ("STRUCT", "UNION"):
+            container = self._types.get(self._strip(type_id))
+            if container is None or container.kind not in ("STRUCT", "UNION"):
                 where = ".".join(parts[:depth])
                 raise BtfError(
                     f"{struct_name}.{where} is a {self.type_name(type_id)}, not a struct: "
@@ -160,60 +206,52 @@ class Btf:
             if hit is None:
                 where = ".".join([struct_name, *parts[:depth]])
                 raise BtfError(f"{where} has no member {part}")
-            member_offset, member_bits, type_id = hit
-            if bit_size is not None:
-                raise BtfError(f"{struct_name}.{'.'.join(parts[:depth])} is a bitfield")
+            member_offset, bit_size, type_id = hit
             bit_offset += member_offset
-            bit_size = member_bits
         # Old-style BTF encodes bitfields in the INT type rather than in the member.
-        target = self._types.get(self._strip(type_id), {})
-        if bit_size is None and target.get("kind") == "INT":
-            nr_bits = int(target.get("nr_bits", 8 * int(target["size"])))
-            if nr_bits != 8 * int(target["size"]) or int(target.get("bits_offset", 0)):
-                bit_offset += int(target.get("bits_offset", 0))
-                bit_size = nr_bits
+        target = self._types.get(self._strip(type_id))
+        if (
+            bit_size is None
+            and target is not None
+            and target.kind == "INT"
+            and (target.nr_bits != 8 * target.size or target.int_bits_offset)
+        ):
+            bit_offset += target.int_bits_offset
+            bit_size = target.nr_bits
         return bit_offset, bit_size, self.size_of(type_id)
 
-    def _find_member(
-        self, container: Mapping[str, Any], name: str
-    ) -> tuple[int, int | None, int] | None:
+    def _find_member(self, container: _Type, name: str) -> tuple[int, int | None, int] | None:
         """(bit offset, bitfield bits or None, type id), searching anonymous members recursively."""
-        for member in container.get("members", []):
-            offset = int(member["bits_offset"])
-            bits = member.get("bitfield_size")
-            bits = int(bits) if bits else None
-            if member["name"] == name:
-                return offset, bits, int(member["type_id"])
-            if member["name"] in _ANON_NAMES:
-                inner = self._types.get(self._strip(int(member["type_id"])))
-                if inner is not None and inner["kind"] in ("STRUCT", "UNION"):
+        for member in container.members:
+            if member.name == name:
+                return member.bits_offset, member.bitfield_size, member.type_id
+            if member.name in _ANON_NAMES:
+                inner = self._types.get(self._strip(member.type_id))
+                if inner is not None and inner.kind in ("STRUCT", "UNION"):
                     hit = self._find_member(inner, name)
                     if hit is not None:
-                        return offset + hit[0], hit[1], hit[2]
+                        return member.bits_offset + hit[0], hit[1], hit[2]
         return None
 
     def _strip(self, type_id: int) -> int:
         """Follow typedefs and qualifiers to the underlying type."""
-        seen = 0
-        while type_id and self._types[type_id]["kind"] in _TRANSPARENT_KINDS:
-            type_id = int(self._types[type_id]["type_id"])
-            seen += 1
-            if seen > 64:
-                raise BtfError(f"typedef loop at BTF type {type_id}")
-        return type_id
+        for _ in range(64):
+            entry = self._types.get(type_id)
+            if entry is None or entry.kind not in _TRANSPARENT_KINDS:
+                return type_id
+            type_id = entry.type_id
+        raise BtfError(f"typedef loop at BTF type {type_id}")
 
     def size_of(self, type_id: int) -> int:
         """Size in bytes of a BTF type (0 for void and function prototypes)."""
-        type_id = self._strip(type_id)
-        if type_id == 0:
+        entry = self._types.get(self._strip(type_id))
+        if entry is None:
             return 0
-        entry = self._types[type_id]
-        kind = entry["kind"]
-        if kind == "PTR":
+        if entry.kind == "PTR":
             return _POINTER_SIZE_BYTES
-        if kind == "ARRAY":
-            return int(entry["nr_elems"]) * self.size_of(int(entry["type_id"]))
-        return int(entry.get("size", 0))
+        if entry.kind == "ARRAY":
+            return entry.nr_elems * self.size_of(entry.type_id)
+        return entry.size
 
     # -- tracepoints --------------------------------------------------------------------------
 
@@ -225,38 +263,37 @@ class Btf:
             raise BtfError(f"raw tracepoint {name} is not in BTF (no typedef {typedef_name})")
         proto_id = self._strip(typedefs[0])
         if self._kind(proto_id) == "PTR":
-            proto_id = self._strip(int(self._types[proto_id]["type_id"]))
+            proto_id = self._strip(self._types[proto_id].type_id)
         if self._kind(proto_id) != "FUNC_PROTO":
             raise BtfError(f"{typedef_name} is not a function pointer typedef")
-        params = self._types[proto_id].get("params", [])
-        return [self.type_name(int(p["type_id"])) for p in params[1:]]
+        return [self.type_name(param) for param in self._types[proto_id].params[1:]]
 
     def _kind(self, type_id: int) -> str:
-        return "VOID" if type_id == 0 else str(self._types[type_id]["kind"])
+        entry = self._types.get(type_id)
+        return "VOID" if entry is None else entry.kind
 
     def type_name(self, type_id: int) -> str:
         """C spelling of a type, e.g. ``struct task_struct *`` or ``const char *``."""
-        if type_id == 0:
-            return "void"
-        entry = self._types[type_id]
-        kind = entry["kind"]
-        name = entry.get("name", "")
+        entry = self._types.get(type_id)
+        if entry is None:
+            return "void" if type_id == 0 else f"<BTF type {type_id}>"
+        kind, name = entry.kind, entry.name
         if kind in ("INT", "FLOAT", "TYPEDEF"):
-            return str(name)
+            return name
         if kind in ("STRUCT", "UNION", "ENUM", "ENUM64", "FWD"):
-            tag = {"STRUCT": "struct", "UNION": "union", "FWD": entry.get("fwd_kind", "struct")}
+            tag = {"STRUCT": "struct", "UNION": "union", "FWD": entry.fwd_kind or "struct"}
             label = "(anon)" if name in _ANON_NAMES else name
             return f"{tag.get(kind, 'enum')} {label}"
         if kind == "PTR":
-            inner = self.type_name(int(entry["type_id"]))
+            inner = self.type_name(entry.type_id)
             return f"{inner}*" if inner.endswith("*") else f"{inner} *"
         if kind in ("CONST", "VOLATILE"):
-            return f"{kind.lower()} {self.type_name(int(entry['type_id']))}"
+            return f"{kind.lower()} {self.type_name(entry.type_id)}"
         if kind == "ARRAY":
-            return f"{self.type_name(int(entry['type_id']))}[{entry['nr_elems']}]"
+            return f"{self.type_name(entry.type_id)}[{entry.nr_elems}]"
         if kind == "FUNC_PROTO":
             return "function"
-        return self.type_name(int(entry["type_id"]))  # RESTRICT, TYPE_TAG
+        return self.type_name(entry.type_id)  # RESTRICT, TYPE_TAG
 
 
 @functools.cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import platform
 import shutil
@@ -43,8 +44,9 @@ FIX_BPFTOOL = "apt-get install bpftool"
 FIX_SETUP = "run `make setup`"
 FIX_CGROUP2 = "mount -t cgroup2 none /sys/fs/cgroup/unified"
 FIX_OFFSETS = "file a bug with the output of `tailsight doctor --json`"
-FIX_AF_XDP = "kernel needs CONFIG_XDP_SOCKETS=y (the feed handler falls back to UDP)"
-FIX_BPF_STATS = "kernel needs the kernel.bpf_stats_enabled sysctl (Linux >= 5.1)"
+FIX_AF_XDP = "kernel needs CONFIG_XDP_SOCKETS=y (feed falls back to UDP)"
+FIX_AF_XDP_PERMISSION = "run as root: AF_XDP sockets need CAP_NET_RAW"
+FIX_BPF_STATS = "needs Linux >= 5.1 for the kernel.bpf_stats_enabled sysctl"
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,9 @@ def check_af_xdp() -> Check:
     try:
         socket.socket(AF_XDP, socket.SOCK_RAW, 0).close()
     except OSError as error:
-        return Check("AF_XDP sockets", False, f"socket(44): {error.strerror}", FIX_AF_XDP, False)
+        denied = error.errno in (errno.EPERM, errno.EACCES)
+        fix = FIX_AF_XDP_PERMISSION if denied else FIX_AF_XDP
+        return Check("AF_XDP sockets", False, f"socket(44): {error.strerror}", fix, False)
     return Check("AF_XDP sockets", True, "socket(AF_XDP, SOCK_RAW) ok", None, False)
 
 
@@ -205,7 +209,7 @@ def check_bcc() -> tuple[Check, object | None]:
         return Check("bcc", False, f"import bcc: {error}", FIX_SETUP, True), None
     try:
         bpf = BPF(src_file=str(_NOOP_SOURCE).encode())
-        bpf.load_func(_NOOP_FUNCTION, BPF.RAW_TRACEPOINT)
+        bpf.load_func(_NOOP_FUNCTION.encode(), BPF.RAW_TRACEPOINT)
     except Exception as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return Check("bcc", False, f"compile/load failed: {message}", FIX_SETUP, True), None
@@ -221,7 +225,7 @@ def check_tracepoint(bpf: object, tracepoint: str, probes: list[str], signature:
         bpf.attach_raw_tracepoint(tp=tracepoint.encode(), fn_name=_NOOP_FUNCTION.encode())  # type: ignore[attr-defined]
         bpf.detach_raw_tracepoint(tp=tracepoint.encode())  # type: ignore[attr-defined]
     except Exception as error:
-        fix = f"kernel lacks raw tracepoint {tracepoint}: probe {used_by} cannot run"
+        fix = f"use a kernel that has it (needed by probe {used_by})"
         return Check(name, False, f"attach failed: {error}", fix, True)
     return Check(name, True, signature or f"attaches (used by {used_by})", None, True)
 
@@ -318,8 +322,8 @@ def _enable_stats_fd() -> int:
     attr = ctypes.create_string_buffer(struct.pack("=I4x", _BPF_STATS_RUN_TIME), 8)
     fd = int(libc.syscall(ctypes.c_long(number), _BPF_ENABLE_STATS, attr, 8))
     if fd < 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"BPF_ENABLE_STATS: {os.strerror(errno)}")
+        error = ctypes.get_errno()
+        raise OSError(error, f"BPF_ENABLE_STATS: {os.strerror(error)}")
     return fd
 
 
@@ -328,7 +332,8 @@ def enable_bpf_stats(proc: Path = Path("/proc")) -> Iterator[str]:
     """Turn on BPF run_time_ns/run_cnt accounting for the block, then restore the previous state.
 
     Prefers the BPF_ENABLE_STATS fd (reference-counted by the kernel, so concurrent users do not
-    switch each other off); falls back to the sysctl. Yields the mechanism used.
+    switch each other off; the sysctl keeps showing its own value meanwhile); falls back to the
+    sysctl. Yields the mechanism used.
     """
     try:
         fd = _enable_stats_fd()

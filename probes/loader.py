@@ -94,7 +94,7 @@ def raw_tracepoint_open(prog_fd: int, tracepoint: str) -> int:
 
 
 def prog_test_run_raw_tp(prog_fd: int, args: Sequence[int]) -> int:
-    """Run a raw-tracepoint program once on ``args`` (BPF_PROG_TEST_RUN); returns its return value."""
+    """Run a raw-tracepoint program once on ``args`` (BPF_PROG_TEST_RUN); returns its retval."""
     if not 0 < len(args) <= _MAX_BPF_FUNC_ARGS:
         raise ValueError(f"a raw tracepoint takes 1..{_MAX_BPF_FUNC_ARGS} arguments")
     ctx = (ctypes.c_uint64 * len(args))(*args)

@@ -129,13 +129,23 @@ def run_self_check(
 
 
 def _self_check_this_thread(offsets: Mapping[str, int], mounts_path: Path) -> SelfCheckReport:
-    from bcc import BPF  # heavy import, only when checking
+    try:
+        from bcc import BPF  # heavy import, only when checking
+    except ImportError as error:
+        raise OffsetCheckError(f"the offset self-check needs bcc: {error}") from error
 
     tgid = os.getpid()
     tid = threading.get_native_id()
+    # BPF helpers report ids as seen from the initial pid namespace: NSpid's first entry.
+    expected_tgid = _proc_status_first_nspid(Path("/proc/self/status")) or tgid
+    expected_tid = _proc_status_first_nspid(Path(f"/proc/self/task/{tid}/status")) or tid
     # A thread name of our own makes the comm comparison tell this thread from the process.
     Path(f"/proc/self/task/{tid}/comm").write_text(_SELFCHECK_COMM, encoding="utf-8")
-    cflags = [*offset_cflags(offsets), f"-DSELF_TGID={tgid}", f"-DSELF_TID={tid}"]
+    cflags = [
+        *offset_cflags(offsets),
+        f"-DSELF_TGID={expected_tgid}",
+        f"-DSELF_TID={expected_tid}",
+    ]
     try:
         bpf = BPF(src_file=str(_SELFCHECK_SOURCE).encode(), cflags=cflags)
     except Exception as error:
@@ -144,16 +154,15 @@ def _self_check_this_thread(offsets: Mapping[str, int], mounts_path: Path) -> Se
         # The sys_enter probe attached on load; these syscalls come from this very thread.
         for _ in range(_SELFCHECK_TRIGGERS):
             os.getppid()
-        record = bpf["selfcheck_records"][ctypes.c_int(0)]
+        record = bpf[b"selfcheck_records"][ctypes.c_int(0)]
     finally:
         bpf.cleanup()
 
     if record.hits == 0:
         raise OffsetCheckError(
-            f"self-check saw no sys_enter from thread {tid}: raw tracepoint did not fire"
+            f"self-check saw no sys_enter from thread {expected_tid}: the raw tracepoint did not "
+            "fire, or this /proc shows a pid namespace other than the kernel's initial one"
         )
-    expected_tgid = _proc_status_first_nspid(Path("/proc/self/status")) or tgid
-    expected_tid = _proc_status_first_nspid(Path(f"/proc/self/task/{tid}/status")) or tid
     comm_path = Path(f"/proc/self/task/{tid}/comm")
     expected_comm = comm_path.read_bytes().rstrip(b"\n")
     expected_cgroup_id = _own_cgroup_id(tid, mounts_path)

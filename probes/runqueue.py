@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
 
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
 
 PROBE_NAME: Final = "runqueue"
 IDLE_AGGRESSOR: Final = "idle"
@@ -108,7 +109,7 @@ class RunQueueProbe:
         if self._bpf is None:
             return
         table = self._bpf[b"runqueue_cgroup_allow"]
-        present = {k.value for k in table.keys()}
+        present = {k.value for k in table}
         for cgroup_id in present - wanted:
             del table[table.Key(cgroup_id)]
         for cgroup_id in wanted - present:
@@ -138,6 +139,12 @@ class RunQueueProbe:
         drops = bpf[b"runqueue_dropped_events"]
         dropped = {reason: int(drops.sum(i).value) for i, reason in enumerate(DROP_REASONS)}
         return RunQueueSnapshot(taken_ns, wait, displaced, dropped)
+
+    def program_fds(self) -> dict[str, int]:
+        """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in PROBE_TRACEPOINTS[PROBE_NAME]}
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""

@@ -52,13 +52,20 @@ def python_task(group: str, code: str, cpu: int | None = None, pipes: bool = Fal
     return Task(group, argv, cpu, pipes)
 
 
+def private_base(tag: str) -> str:
+    """A base cgroup of our own under tailsight-test (tests run concurrently with each other)."""
+    return f"{BASE_CGROUP}/{os.getpid()}-{tag}"
+
+
 def default_cpu() -> int:
     """The highest CPU we may run on (the demo and tests pin their contention there)."""
     return max(os.sched_getaffinity(0))
 
 
 class Workload:
-    """Processes in cgroups ``<cgroup2 mount>/<base>/<group>``, started on enter, killed on exit."""
+    """Processes in cgroups ``<cgroup2 mount>/<base>/<group>``, started on enter, killed on exit.
+
+    ``base`` may be nested ("tailsight-test/1234-rq": concurrent runs use their own)."""
 
     def __init__(
         self, tasks: Sequence[Task], base: str = BASE_CGROUP, mount: Path | None = None
@@ -101,7 +108,11 @@ class Workload:
     def start(self) -> None:
         """Create the cgroups, start every task, move it into its cgroup, pin it."""
         try:
-            for directory in (self.mount / self.base, *map(self.cgroup_dir, self.groups)):
+            levels = [
+                self.mount.joinpath(*self.base.split("/")[: n + 1])
+                for n in range(len(self.base.split("/")))
+            ]
+            for directory in (*levels, *map(self.cgroup_dir, self.groups)):
                 if not directory.exists():
                     directory.mkdir()
                     self._created.append(directory)
@@ -128,11 +139,11 @@ class Workload:
                     stream.close()
         while self._created:
             directory = self._created.pop()
-            if directory == self.mount / self.base:
-                with contextlib.suppress(OSError):  # shared with a concurrent workload
-                    directory.rmdir()
-            else:
+            if directory.parent == self.mount.joinpath(*self.base.split("/")):
                 _rmdir_retrying(directory)
+            else:
+                with contextlib.suppress(OSError):  # a base shared with a concurrent workload
+                    directory.rmdir()
 
     def __enter__(self) -> Workload:
         self.start()

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from tailsight.trading_core.itch_batch import BatchResult
 
 BID = "B"
 ASK = "S"
@@ -173,8 +176,6 @@ class Book:
             insort(book_side.keys, book_side.sign * price)
         order = Order(ref, locate, is_buy, price, shares, level)
         level.orders[ref] = order
-        if len(level.orders) > 2 and ref % 7 == 0:
-            level.orders = {ref: level.orders.pop(ref), **level.orders}
         level.shares += shares
         orders[ref] = order
         if self.debug:
@@ -331,6 +332,77 @@ class Book:
         handler = self._handlers.get(type(msg))
         return handler(msg) if handler is not None else None
 
+    def apply_batch(
+        self, batch: BatchResult, on_trade: Callable[[TradeEvent], None] | None = None
+    ) -> int:
+        """Apply a batch decoded by ``itch_batch`` in stream order, without per-message records.
+
+        The fast path for replay: rows come out of the structured arrays as plain tuples, so no
+        message object is built. Returns the number of messages applied.
+        """
+        from tailsight.trading_core.itch_batch import OUTPUT_DTYPES
+
+        def fields(kind: bytes, *names: str) -> list[int]:
+            order = OUTPUT_DTYPES[kind].names or ()
+            return [order.index(name) for name in names]
+
+        ref = "order_reference_number"
+        executed = (ref, "executed_shares", "timestamp_ns", "match_number")
+        a_locate, a_ref, a_side, a_shares, a_price = fields(
+            b"A", "stock_locate", ref, "side", "shares", "price")  # fmt: skip
+        if fields(b"F", "stock_locate", ref, "side", "shares", "price") != fields(
+            b"A", "stock_locate", ref, "side", "shares", "price"):  # fmt: skip
+            raise AssertionError("A and F records must share their leading fields")
+        e_ref, e_shares, e_ts, e_match = fields(b"E", *executed)
+        c_ref, c_shares, c_ts, c_match, c_printable, c_price = fields(
+            b"C", *executed, "printable", "execution_price")  # fmt: skip
+        x_ref, x_shares = fields(b"X", ref, "cancelled_shares")
+        (d_ref,) = fields(b"D", ref)
+        u_old, u_new, u_shares, u_price = fields(
+            b"U", "original_" + ref, "new_" + ref, "shares", "price")  # fmt: skip
+        (s_code,) = fields(b"S", "event_code")
+        h_locate, h_state = fields(b"H", "stock_locate", "trading_state")
+        r_locate, r_stock = fields(b"R", "stock_locate", "stock")
+        rows = {kind[0]: iter(records.tolist()) for kind, records in batch.records.items()}
+        add, execute, cancel, delete, replace = (
+            self.add, self.execute, self.cancel, self.delete, self.replace)  # fmt: skip
+        type_a, type_f, type_e, type_c, type_x, type_d, type_u = b"AFECXDU"
+        type_s, type_h, type_r = b"SHR"
+        buy = frozenset((b"B", "B", 66))
+        count = 0
+        for kind in batch.message_types.tolist():
+            row = next(rows[kind])
+            count += 1
+            # Ordered by frequency on NASDAQ days: adds, deletes, executions, cancels, replaces.
+            if kind == type_a or kind == type_f:  # noqa: SIM109 -- no tuple per message
+                add(row[a_locate], row[a_ref], BID if row[a_side] in buy else ASK, row[a_price],
+                    row[a_shares])  # fmt: skip
+            elif kind == type_d:
+                delete(row[d_ref])
+            elif kind == type_e:
+                trade = execute(row[e_ref], row[e_shares], timestamp_ns=row[e_ts],
+                                match_number=row[e_match])  # fmt: skip
+                if on_trade is not None and trade is not None:
+                    on_trade(trade)
+            elif kind == type_x:
+                cancel(row[x_ref], row[x_shares])
+            elif kind == type_u:
+                replace(row[u_old], row[u_new], row[u_price], row[u_shares])
+            elif kind == type_c:
+                printable = row[c_printable] in (b"Y", "Y", 89)
+                trade = execute(row[c_ref], row[c_shares], price=row[c_price],
+                                printable=printable, timestamp_ns=row[c_ts],
+                                match_number=row[c_match])  # fmt: skip
+                if on_trade is not None and trade is not None:
+                    on_trade(trade)
+            elif kind == type_s:
+                self.system_event(_text(row[s_code]))
+            elif kind == type_h:
+                self.set_trading_state(row[h_locate], _text(row[h_state]))
+            elif kind == type_r:
+                self.symbols[row[r_locate]] = _text(row[r_stock]).rstrip()
+        return count
+
     def _bind_handlers(self) -> None:
         from tailsight.trading_core import itch
 
@@ -435,3 +507,9 @@ class Book:
             raise BookInvariantError(
                 f"level {level.price}: total {level.shares} != sum of orders {total}"
             )
+
+
+def _text(value: str | bytes | int) -> str:
+    if isinstance(value, int):
+        return chr(value)
+    return value.decode("latin-1") if isinstance(value, bytes) else value

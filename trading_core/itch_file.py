@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip as gzip_module
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 CHUNK_SIZE = 1 << 20
-GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b\x08"  # RFC 1952: ID1, ID2, CM = deflate
 MAX_FRAME = 2 + 0xFFFF
 # A wrong-length frame is only trusted if the frame after it lines up; runs of zero prefixes
 # between the two are allowed, up to this many.
@@ -53,6 +54,7 @@ class IssueKind:
     UNKNOWN_TYPE = "unknown_type"  # frame lines up but the type is not ITCH 5.0; skipped
     GARBAGE = "garbage"  # bytes no frame accounts for; skipped until resynchronized
     TRUNCATED = "truncated_tail"  # the stream ends inside a frame
+    STREAM_ERROR = "stream_error"  # the gzip layer failed (corrupt or cut); reading stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +96,15 @@ for _t, _n in _SPEC.items():
 
 
 def _open_stream(path: str | Path) -> BinaryIO:
+    """The file's (decompressed) byte stream: gzip when it starts like gzip and inflates."""
     with open(path, "rb") as probe:
-        magic = probe.read(2)
+        magic = probe.read(len(GZIP_MAGIC))
     if magic == GZIP_MAGIC:
+        try:
+            with gzip_module.open(path, "rb") as trial:
+                trial.read(1)
+        except (OSError, EOFError, zlib.error):
+            return open(path, "rb")  # only looked like gzip: read it as it is
         return gzip_module.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
 
@@ -123,7 +131,13 @@ class _Framer:
                 del self.buf[: self.pos]
                 self.base += self.pos
                 self.pos = 0
-            chunk = self.stream.read(self.chunk_size)
+            try:
+                chunk = self.stream.read(self.chunk_size)
+            except (OSError, EOFError, zlib.error) as error:  # a corrupt or cut gzip stream
+                self.report.add(
+                    self.base + len(self.buf), IssueKind.STREAM_ERROR, f"{error!r}"[:200]
+                )
+                chunk = b""
             if not chunk:
                 self.eof = True
             else:
@@ -155,6 +169,22 @@ class _Framer:
             at += 2
         return False
 
+    def frame_confirmed(self, at: int, length: int) -> bool:
+        """Trust a frame whose prefix is off the spec only if the next frame lines up after it
+        and no well-formed frame starts inside it (frames are dense, so landing on one by chance
+        is likely; a well-formed header inside a real message is not)."""
+        end = at + 2 + length
+        return end <= len(self.buf) and self.lines_up(end) and not self.header_inside(at + 1, end)
+
+    def header_inside(self, search_from: int, search_to: int) -> bool:
+        """Whether a well-formed frame header starts in [search_from, search_to)."""
+        window = np.frombuffer(self.buf, dtype=np.uint8)[search_from : search_to + 2]
+        prefix = (window[:-2].astype(np.int64) << 8) | window[1:-1]
+        spec = _SPEC_TABLE[window[2:]]
+        found = bool(np.any((prefix == spec) & (spec != 0)))
+        del window, prefix, spec  # release the buffer export before the buffer may resize
+        return found
+
     # -- stepping -------------------------------------------------------------------------
 
     def close_garbage(self, at: int) -> None:
@@ -164,9 +194,14 @@ class _Framer:
             self.report.add(self.garbage_start, IssueKind.GARBAGE, f"skipped {skipped} bytes")
             self.garbage_start = None
 
-    def find_sync(self, search_from: int, search_to: int) -> int | None:
-        """First position in [search_from, search_to) where a frame and its successor line up."""
+    def find_sync(self, search_from: int, search_to: int, fallback: bool = False) -> int | None:
+        """First position in [search_from, search_to) where a frame and its successor line up.
+
+        With ``fallback``, an unconfirmed well-formed frame (its successor is damaged) wins if
+        it ends before the first confirmed one: then it cannot swallow a real frame.
+        """
         size = len(self.buf)
+        unconfirmed: tuple[int, int] | None = None  # (start, end) of the first one
         while search_from < search_to:
             window_end = min(search_to, search_from + (1 << 16))
             window = np.frombuffer(self.buf, dtype=np.uint8)[search_from : window_end + 2]
@@ -178,9 +213,17 @@ class _Framer:
             for offset, length in zip(hits, lengths, strict=True):
                 candidate = search_from + offset
                 following = candidate + 2 + length
-                if following <= size and self.lines_up(following):
+                if following > size:
+                    continue
+                if self.lines_up(following):
+                    if unconfirmed is not None and unconfirmed[1] <= candidate:
+                        return unconfirmed[0]
                     return candidate
+                if fallback and unconfirmed is None:
+                    unconfirmed = (candidate, following)
             search_from = window_end
+        if unconfirmed is not None and unconfirmed[1] <= search_to + 2:
+            return unconfirmed[0]
         return None
 
     def resync(self, search_from: int) -> None:
@@ -190,7 +233,7 @@ class _Framer:
         size = len(self.buf)
         # Candidates must leave room to check the following frame unless the stream has ended.
         search_to = size - 2 if self.eof else size - LOOKAHEAD + 1
-        found = self.find_sync(search_from, search_to)
+        found = self.find_sync(search_from, search_to, fallback=True)
         if found is not None:
             self.pos = found
             self.close_garbage(found)
@@ -248,7 +291,7 @@ class _Framer:
                     return None
             self.pos = at + 2 + length
             return at + 2, length
-        if spec is not None and at + 2 + spec <= size and self.lines_up(at + 2 + spec):
+        if spec is not None and self.frame_confirmed(at, spec):
             self.report.add(
                 self.base + at,
                 IssueKind.LENGTH_REPAIRED,
@@ -256,7 +299,7 @@ class _Framer:
             )
             self.pos = at + 2 + spec
             return at + 2, spec
-        if at + 2 + length <= size and self.lines_up(at + 2 + length):
+        if self.frame_confirmed(at, length):
             if spec is not None:
                 kind, detail = IssueKind.BAD_LENGTH, f"{chr(type_byte)!r} prefix {length} != {spec}"
             else:
@@ -264,7 +307,7 @@ class _Framer:
             self.report.add(self.base + at, kind, detail)
             self.pos = at + 2 + length
             return None
-        if self.eof and at + 2 + length > size and self.find_sync(at + 1, size - 2) is None:
+        if self.eof and at + 2 + length > size and self.find_sync(at + 1, size - 2, True) is None:
             # Nothing after this point lines up: a frame cut off by the end of the stream.
             self.report.add(
                 self.base + at, IssueKind.TRUNCATED, f"{size - at} bytes at end of stream"

@@ -2,7 +2,7 @@
 
 import typer
 
-from tailsight.cli import doctor, itch, trace
+from tailsight.cli import doctor, gate, itch, trace
 
 app = typer.Typer(
     name="tailsight",
@@ -11,5 +11,6 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("doctor")(doctor.doctor)
+app.command("gate")(gate.gate)
 app.command("trace")(trace.trace)
 app.add_typer(itch.app, name="itch")

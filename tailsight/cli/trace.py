@@ -88,7 +88,9 @@ def open_session(
     wanted = [normalize(c) for c in cgroups]
     for path in wanted:
         if not resolver.absolute(path).is_dir():
-            raise typer.BadParameter(f"no cgroup {path} under {resolver.root}", param_hint="--cgroup")
+            raise typer.BadParameter(
+                f"no cgroup {path} under {resolver.root}", param_hint="--cgroup"
+            )
     session = Session(resolver, wanted)
     for name in probes:
         probe = RunQueueProbe(cgroup_ids=[] if wanted else None)
@@ -241,4 +243,3 @@ def trace(
         console.print(render(summary, f"summary: run-queue wait over {elapsed_s:.1f} s"))
     finally:
         session.close()
-

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tailsight.collector.cgroups import UNKNOWN, CgroupResolver, is_within, normalize
 
 
@@ -47,7 +46,7 @@ def test_unknown_and_new_cgroups(tmp_path: Path) -> None:
 def test_cache_is_bounded(tmp_path: Path) -> None:
     expected = _tree(tmp_path)
     resolver = CgroupResolver(tmp_path, max_entries=2)
-    for path, cgroup_id in expected.items():
+    for path, cgroup_id in sorted(expected.items()):  # "/" first, "/z" last
         assert resolver.resolve(cgroup_id) == path
     walks = resolver.walks
     assert resolver.resolve(expected["/z"]) == "/z"  # most recent: still cached

@@ -7,14 +7,14 @@ import json
 import random
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tailsight.probes.btf import DEFAULT_BTF_PATH, Btf, BtfError
 
-# -- hand-written fixture -------------------------------------------------------------------------
+# -- hand-written fixture: tests/fixtures/btf/small.json ------------------------------------
 # struct outer {                         // 24 bytes
 #     int head;                          // byte 0
 #     union {                            // byte 8
@@ -29,121 +29,17 @@ from tailsight.probes.btf import DEFAULT_BTF_PATH, Btf, BtfError
 # struct container { long pad; outer_t embedded; struct outer *ptr; };  // embedded at 8, ptr at 32
 # typedef void (*btf_trace_fake)(void *, bool, const struct outer *, unsigned int);
 # struct dup appears twice with the same layout for `a`, differently for `b`.
-FIXTURE_TYPES: list[dict[str, Any]] = [
-    {"id": 1, "kind": "INT", "name": "int", "size": 4, "bits_offset": 0, "nr_bits": 32},
-    {"id": 2, "kind": "INT", "name": "unsigned int", "size": 4, "bits_offset": 0, "nr_bits": 32},
-    {"id": 3, "kind": "INT", "name": "char", "size": 1, "bits_offset": 0, "nr_bits": 8},
-    {"id": 4, "kind": "INT", "name": "long long unsigned int", "size": 8, "nr_bits": 64},
-    {"id": 5, "kind": "TYPEDEF", "name": "u32", "type_id": 2},
-    {"id": 6, "kind": "TYPEDEF", "name": "u64", "type_id": 4},
-    {"id": 7, "kind": "ARRAY", "name": "(anon)", "type_id": 3, "index_type_id": 1, "nr_elems": 4},
-    {
-        "id": 10,
-        "kind": "STRUCT",
-        "name": "(anon)",
-        "size": 8,
-        "vlen": 2,
-        "members": [
-            {"name": "x", "type_id": 5, "bits_offset": 0},
-            {"name": "y", "type_id": 5, "bits_offset": 32},
-        ],
-    },
-    {
-        "id": 11,
-        "kind": "UNION",
-        "name": "(anon)",
-        "size": 8,
-        "vlen": 2,
-        "members": [
-            {"name": "(anon)", "type_id": 10, "bits_offset": 0},
-            {"name": "raw", "type_id": 6, "bits_offset": 0},
-        ],
-    },
-    {
-        "id": 12,
-        "kind": "STRUCT",
-        "name": "outer",
-        "size": 24,
-        "vlen": 5,
-        "members": [
-            {"name": "head", "type_id": 1, "bits_offset": 0},
-            {"name": "(anon)", "type_id": 11, "bits_offset": 64},
-            {"name": "flags", "type_id": 2, "bits_offset": 128, "bitfield_size": 3},
-            {"name": "mode", "type_id": 2, "bits_offset": 131, "bitfield_size": 5},
-            {"name": "name", "type_id": 7, "bits_offset": 160},
-        ],
-    },
-    {"id": 13, "kind": "CONST", "name": "(anon)", "type_id": 12},
-    {"id": 14, "kind": "TYPEDEF", "name": "outer_t", "type_id": 13},
-    {"id": 15, "kind": "PTR", "name": "(anon)", "type_id": 12},
-    {
-        "id": 16,
-        "kind": "STRUCT",
-        "name": "container",
-        "size": 40,
-        "vlen": 3,
-        "members": [
-            {"name": "pad", "type_id": 4, "bits_offset": 0},
-            {"name": "embedded", "type_id": 14, "bits_offset": 64},
-            {"name": "ptr", "type_id": 15, "bits_offset": 256},
-        ],
-    },
-    {"id": 20, "kind": "INT", "name": "_Bool", "size": 1, "bits_offset": 0, "nr_bits": 8},
-    {"id": 21, "kind": "TYPEDEF", "name": "bool", "type_id": 20},
-    {"id": 22, "kind": "PTR", "name": "(anon)", "type_id": 0},
-    {"id": 23, "kind": "PTR", "name": "(anon)", "type_id": 13},
-    {
-        "id": 24,
-        "kind": "FUNC_PROTO",
-        "name": "(anon)",
-        "ret_type_id": 0,
-        "vlen": 4,
-        "params": [
-            {"name": "(anon)", "type_id": 22},
-            {"name": "(anon)", "type_id": 21},
-            {"name": "(anon)", "type_id": 23},
-            {"name": "(anon)", "type_id": 2},
-        ],
-    },
-    {"id": 25, "kind": "PTR", "name": "(anon)", "type_id": 24},
-    {"id": 26, "kind": "TYPEDEF", "name": "btf_trace_fake", "type_id": 25},
-    {
-        "id": 30,
-        "kind": "STRUCT",
-        "name": "dup",
-        "size": 8,
-        "vlen": 2,
-        "members": [
-            {"name": "a", "type_id": 2, "bits_offset": 0},
-            {"name": "b", "type_id": 2, "bits_offset": 32},
-        ],
-    },
-    {
-        "id": 31,
-        "kind": "STRUCT",
-        "name": "dup",
-        "size": 8,
-        "vlen": 2,
-        "members": [
-            {"name": "a", "type_id": 2, "bits_offset": 0},
-            {"name": "c", "type_id": 2, "bits_offset": 32},
-            {"name": "b", "type_id": 2, "bits_offset": 32},
-        ],
-    },
-    {
-        "id": 32,
-        "kind": "STRUCT",
-        "name": "dup",
-        "size": 8,
-        "vlen": 1,
-        "members": [{"name": "b", "type_id": 3, "bits_offset": 8}],
-    },
-]
+FIXTURE_PATH = Path(__file__).parents[1] / "fixtures" / "btf" / "small.json"
+
+
+def load_fixture_btf() -> Btf:
+    """The hand-written BTF above (also used by test_offsets.py)."""
+    return Btf.from_json(json.loads(FIXTURE_PATH.read_text(encoding="utf-8")))
 
 
 @pytest.fixture(scope="module")
 def fixture_btf() -> Btf:
-    return Btf.from_json({"types": FIXTURE_TYPES})
+    return load_fixture_btf()
 
 
 def test_plain_member(fixture_btf: Btf) -> None:
@@ -229,7 +125,42 @@ def test_load_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 # -- the running kernel's BTF ---------------------------------------------------------------------
 
 
-def _raw_kernel_btf() -> dict[int, dict[str, Any]]:
+@dataclass(frozen=True)
+class RawBtf:
+    """bpftool's JSON as loaded here, independently of btf.py: types by id, struct ids by name."""
+
+    types: dict[int, dict[str, Any]]
+    struct_ids: dict[str, list[int]]
+
+    def unique_struct(self, name: str) -> int | None:
+        ids = self.struct_ids.get(name, [])
+        return ids[0] if len(ids) == 1 else None
+
+    def skip_qualifiers(self, type_id: int) -> int:
+        while type_id and self.types[type_id]["kind"] in {"TYPEDEF", "CONST", "VOLATILE"}:
+            type_id = self.types[type_id]["type_id"]
+        return type_id
+
+    def naive_flatten(self, struct_id: int) -> dict[str, tuple[int, int | None]]:
+        """name -> (absolute bit offset, bitfield size) of every member visible by name,
+        expanding anonymous structs/unions breadth-first with a work list."""
+        flat: dict[str, tuple[int, int | None]] = {}
+        work = [(struct_id, 0)]
+        while work:
+            type_id, base_bits = work.pop(0)
+            for member in self.types[type_id]["members"]:
+                bits = base_bits + member["bits_offset"]
+                if member["name"] == "(anon)":
+                    inner = self.skip_qualifiers(member["type_id"])
+                    if self.types[inner]["kind"] in {"STRUCT", "UNION"}:
+                        work.append((inner, bits))
+                    continue
+                flat.setdefault(member["name"], (bits, member.get("bitfield_size") or None))
+        return flat
+
+
+@pytest.fixture(scope="module")
+def raw() -> RawBtf:
     if shutil.which("bpftool") is None:
         pytest.skip("kernel: bpftool not installed")
     if not DEFAULT_BTF_PATH.exists():
@@ -239,47 +170,17 @@ def _raw_kernel_btf() -> dict[int, dict[str, Any]]:
         capture_output=True,
         check=True,
     ).stdout
-    return {entry["id"]: entry for entry in json.loads(dump)["types"]}
+    types = {entry["id"]: entry for entry in json.loads(dump)["types"]}
+    struct_ids: dict[str, list[int]] = {}
+    for type_id, entry in types.items():
+        if entry["kind"] == "STRUCT" and entry["name"] != "(anon)":
+            struct_ids.setdefault(entry["name"], []).append(type_id)
+    return RawBtf(types, struct_ids)
 
 
 @pytest.fixture(scope="module")
-def raw_types() -> dict[int, dict[str, Any]]:
-    return _raw_kernel_btf()
-
-
-@pytest.fixture(scope="module")
-def kernel_btf(raw_types: dict[int, dict[str, Any]]) -> Btf:
+def kernel_btf(raw: RawBtf) -> Btf:
     return Btf.load()
-
-
-def _skip_qualifiers(types: dict[int, dict[str, Any]], type_id: int) -> int:
-    while type_id and types[type_id]["kind"] in {"TYPEDEF", "CONST", "VOLATILE", "TYPE_TAG"}:
-        type_id = types[type_id]["type_id"]
-    return type_id
-
-
-def _naive_flatten(
-    types: dict[int, dict[str, Any]], struct_id: int
-) -> dict[str, tuple[int, int | None]]:
-    """name -> (absolute bit offset, bitfield size) for every member visible by name, expanding
-    anonymous struct/union members with an explicit work list (no recursion shared with btf.py)."""
-    flat: dict[str, tuple[int, int | None]] = {}
-    work = [(struct_id, 0)]
-    while work:
-        type_id, base_bits = work.pop(0)
-        for member in types[type_id]["members"]:
-            bits = base_bits + member["bits_offset"]
-            if member["name"] == "(anon)":
-                inner = _skip_qualifiers(types, member["type_id"])
-                if types[inner]["kind"] in {"STRUCT", "UNION"}:
-                    work.append((inner, bits))
-                continue
-            flat.setdefault(member["name"], (bits, member.get("bitfield_size") or None))
-    return flat
-
-
-def _named_structs(types: dict[int, dict[str, Any]], name: str) -> list[int]:
-    return [t for t, e in types.items() if e["kind"] == "STRUCT" and e["name"] == name]
 
 
 @pytest.mark.kernel
@@ -292,14 +193,15 @@ def test_task_struct_fields_have_kernel_sizes(kernel_btf: Btf) -> None:
 
 @pytest.mark.kernel
 def test_task_struct_offsets_inside_struct_and_match_naive_flattening(
-    kernel_btf: Btf, raw_types: dict[int, dict[str, Any]]
+    kernel_btf: Btf, raw: RawBtf
 ) -> None:
-    (task_id,) = _named_structs(raw_types, "task_struct")
-    task_size_bytes = raw_types[task_id]["size"]
-    flat = _naive_flatten(raw_types, task_id)
+    task_id = raw.unique_struct("task_struct")
+    assert task_id is not None
+    task_size_bytes = raw.types[task_id]["size"]
+    flat = raw.naive_flatten(task_id)
     for name in ["pid", "tgid", "comm", "cgroups", "__state", "se", "on_cpu"]:
         field = kernel_btf.member("task_struct", name)
-        assert 0 <= field.byte_offset
+        assert field.byte_offset >= 0
         assert field.byte_offset + field.size_bytes <= task_size_bytes
         assert (field.bit_offset, field.bit_size) == flat[name]
     # pid and tgid are adjacent pid_t's in every kernel since 2.6.
@@ -307,41 +209,36 @@ def test_task_struct_offsets_inside_struct_and_match_naive_flattening(
     assert kernel_btf.member("task_struct", "tgid").byte_offset == pid + 4
 
 
-def _first_struct_with(
-    types: dict[int, dict[str, Any]], wanted: str
-) -> tuple[str, str, int] | None:
+def _first_struct_with(raw: RawBtf, wanted: str) -> tuple[str, str, int] | None:
     """(struct name, member name, struct id) of the first named struct showing ``wanted``."""
-    for type_id, entry in sorted(types.items()):
-        if entry["kind"] != "STRUCT" or entry["name"] == "(anon)":
+    for name in sorted(raw.struct_ids):
+        struct_id = raw.unique_struct(name)
+        if struct_id is None:
             continue
-        if len(_named_structs(types, entry["name"])) != 1:
-            continue
-        for member in entry["members"]:
-            inner_id = _skip_qualifiers(types, member["type_id"])
+        for member in raw.types[struct_id]["members"]:
+            inner_id = raw.skip_qualifiers(member["type_id"])
             if wanted == "bitfield" and member.get("bitfield_size"):
-                return entry["name"], member["name"], type_id
+                return name, member["name"], struct_id
             if (
                 wanted == "anon-union"
                 and member["name"] == "(anon)"
-                and types[inner_id]["kind"] == "UNION"
+                and raw.types[inner_id]["kind"] == "UNION"
                 and member["bits_offset"] > 0
             ):
-                named = [m for m in types[inner_id]["members"] if m["name"] != "(anon)"]
+                named = [m for m in raw.types[inner_id]["members"] if m["name"] != "(anon)"]
                 if named:
-                    return entry["name"], named[0]["name"], type_id
+                    return name, named[0]["name"], struct_id
     return None
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("wanted", ["anon-union", "bitfield"])
-def test_real_anon_union_and_bitfield_members(
-    kernel_btf: Btf, raw_types: dict[int, dict[str, Any]], wanted: str
-) -> None:
-    found = _first_struct_with(raw_types, wanted)
+def test_real_anon_union_and_bitfield_members(kernel_btf: Btf, raw: RawBtf, wanted: str) -> None:
+    found = _first_struct_with(raw, wanted)
     assert found is not None, f"no struct with a {wanted} member in kernel BTF"
     struct, member, struct_id = found
     field = kernel_btf.member(struct, member)
-    assert (field.bit_offset, field.bit_size) == _naive_flatten(raw_types, struct_id)[member]
+    assert (field.bit_offset, field.bit_size) == raw.naive_flatten(struct_id)[member]
     if wanted == "bitfield":
         with pytest.raises(BtfError, match="bitfield"):
             field.require_byte_aligned()
@@ -350,22 +247,12 @@ def test_real_anon_union_and_bitfield_members(
 
 
 @pytest.mark.kernel
-def test_many_kernel_structs_match_naive_flattening(
-    kernel_btf: Btf, raw_types: dict[int, dict[str, Any]]
-) -> None:
-    names = sorted(
-        {
-            e["name"]
-            for e in raw_types.values()
-            if e["kind"] == "STRUCT" and e["name"] != "(anon)" and e["vlen"] > 0
-        }
-    )
-    unique = [n for n in names if len(_named_structs(raw_types, n)) == 1]
-    sample = random.Random(5).sample(unique, 300)
+def test_many_kernel_structs_match_naive_flattening(kernel_btf: Btf, raw: RawBtf) -> None:
+    unique = sorted(name for name, ids in raw.struct_ids.items() if len(ids) == 1)
     checked = 0
-    for name in sample:
-        (struct_id,) = _named_structs(raw_types, name)
-        for member, (bits, bitfield_size) in _naive_flatten(raw_types, struct_id).items():
+    for name in random.Random(5).sample(unique, 300):
+        struct_id = raw.struct_ids[name][0]
+        for member, (bits, bitfield_size) in raw.naive_flatten(struct_id).items():
             field = kernel_btf.member(name, member)
             assert (field.bit_offset, field.bit_size) == (bits, bitfield_size), (name, member)
             checked += 1

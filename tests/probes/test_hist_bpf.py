@@ -24,7 +24,6 @@ EDGE_CGROUP, RANDOM_CGROUP, HUGE_CGROUP = 11, 22, 33
 @pytest.fixture(scope="module")
 def harness(kernel_ready: None) -> Any:
     from bcc import BPF
-
     from tailsight.probes.loader import PROBES_DIR, compile_source
 
     bpf = compile_source(HARNESS, [f"-I{PROBES_DIR / 'include'}"])
@@ -74,3 +73,16 @@ def test_kernel_index_matches_hist_py(harness: Any) -> None:
         assert totals[cgroup_id] == (len(values), sum(values))
     assert cells[(HUGE_CGROUP, NUM_BUCKETS)] == len(huge)
     assert totals[HUGE_CGROUP][0] == len(huge)
+
+
+def test_attach_failure_names_the_tracepoint_and_reason(harness: Any) -> None:
+    from tailsight.probes.loader import AttachError, attach_raw_tracepoints
+
+    bpf, _ = harness
+    # The harness program exists, but there is no raw tracepoint called "hist_index_of".
+    with pytest.raises(AttachError) as caught:
+        attach_raw_tracepoints(bpf, "harness", ["hist_index_of"], fn_prefix="")
+    assert caught.value.failures == {
+        "hist_index_of": "no such raw tracepoint in this kernel (ENOENT)"
+    }
+    assert "harness" in str(caught.value)

@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tailsight.hist import Histogram, bucket_upper_bounds_ns
-from tailsight.histfile import HistDocument
 from tailsight.probes.runqueue import (
     PairWait,
     RunQueueProbe,
@@ -22,7 +19,10 @@ from tailsight.probes.runqueue import (
     to_document,
     top_pairs,
 )
-from tailsight.workload import Task, Workload, default_cpu, python_task
+
+from tailsight.hist import Histogram, bucket_upper_bounds_ns
+from tailsight.histfile import HistDocument
+from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
 
 WINDOW_S = 3.0
 SLEEPS = 97  # a prime number of 1 ms sleeps
@@ -81,7 +81,7 @@ def test_tracepoint_signatures_match_btf(kernel_ready: None) -> None:
 def test_wait_matches_schedstat_and_names_the_neighbour(probe: RunQueueProbe) -> None:
     cpu = default_cpu()
     tasks = [Task("victim", cpu=cpu), Task("victim", cpu=cpu), Task("neighbour", cpu=cpu)]
-    with Workload(tasks, base="tailsight-test-rq") as workload:
+    with Workload(tasks, base=private_base("rq")) as workload:
         pids = workload.pids()
         before, stats_before = _stopped_snapshot(probe, pids)
         time.sleep(WINDOW_S)
@@ -117,7 +117,7 @@ def test_sleeping_task_has_no_bogus_latency(probe: RunQueueProbe) -> None:
         "sys.stdout.write('done\\n'); sys.stdout.flush()\n"
         "sys.stdin.readline()\n"
     )
-    with Workload([python_task("sleeper", code, pipes=True)], base="tailsight-test-rq") as w:
+    with Workload([python_task("sleeper", code, pipes=True)], base=private_base("rq")) as w:
         sleeper = w.process("sleeper")
         assert sleeper.stdin is not None and sleeper.stdout is not None
         time.sleep(0.3)  # interpreter start-up, then blocked reading stdin

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailsight.trading_core import itch
-from tailsight.trading_core.book import Book, Depth
-from tailsight.trading_core.market import generate_day
+from tailsight.trading_core.book import Book, Depth, TradeEvent
+from tailsight.trading_core.itch_batch import decode_batch
+from tailsight.trading_core.itch_file import iter_itch, iter_itch_chunks
+from tailsight.trading_core.market import generate_day, write_day
 from tailsight.trading_core.naive_book import NaiveBook
 
 
@@ -79,3 +83,24 @@ def test_faulty_feed_matches_naive_book() -> None:
     book, naive = _replay_and_compare(messages, debug=False)
     assert book.errors == naive.errors
     assert set(book.errors) >= {"duplicate_ref", "unknown_ref", "oversized_execute"}
+
+
+def test_batch_fast_path_matches_message_path(tmp_path: Path) -> None:
+    """``apply_batch`` on itch_batch arrays == ``apply`` on records: trades, books, state."""
+    write_day(tmp_path / "day.itch", seed=5, symbols=4, messages=20_000)
+    by_message, by_batch = Book(), Book()
+    expected = [t for _, raw in iter_itch(tmp_path / "day.itch")
+                if (t := by_message.apply(itch.decode(raw))) is not None]  # fmt: skip
+    got: list[TradeEvent] = []
+    applied = sum(
+        by_batch.apply_batch(decode_batch(chunk), got.append)
+        for chunk in iter_itch_chunks(tmp_path / "day.itch", chunk_size=64 * 1024)
+    )
+    assert applied == 20_000
+    assert len(expected) > 1000 and got == expected
+    assert by_batch.symbols == by_message.symbols and len(by_batch.symbols) == 4
+    assert by_batch.last_system_event == by_message.last_system_event == "C"
+    assert set(by_batch.orders) == set(by_message.orders)
+    for locate in by_message.books:
+        assert by_batch.depth(locate, 10_000) == by_message.depth(locate, 10_000)
+    by_batch.check_invariants()

@@ -332,3 +332,222 @@ ITCH_SPEC_LENGTHS: dict[bytes, int] = {
     b"J": 35, b"h": 21, b"A": 36, b"F": 40, b"E": 31, b"C": 36, b"X": 23, b"D": 19,
     b"U": 35, b"P": 44, b"Q": 40, b"B": 19, b"I": 50, b"N": 20, b"O": 48,
 }  # fmt: skip
+
+# --- MoldUDP64 1.0 ----------------------------------------------------------------------------
+
+MOLD_PACKET_TWO_MESSAGES = b"".join(
+    [
+        b"SESSION001",  # 0  Session (10 alpha)
+        H("00 00 00 00 00 00 00 01"),  # 10 Sequence Number = 1 (of the first message)
+        H("00 02"),  # 18 Message Count = 2
+        H("00 0c"),  # 20 Message Length = 12
+        ITCH_SYSTEM_EVENT,  # 22 Message Data
+        H("00 13"),  # 34 Message Length = 19
+        ITCH_ORDER_DELETE,  # 36 Message Data
+    ]
+)
+
+MOLD_HEARTBEAT = b"".join(
+    [
+        b"SESSION001",  # 0  Session
+        H("00 00 00 00 00 00 00 2a"),  # 10 Sequence Number = 42, the next message to come
+        H("00 00"),  # 18 Message Count = 0: heartbeat
+    ]
+)
+
+MOLD_END_OF_SESSION = b"".join(
+    [
+        b"SESSION001",  # 0  Session
+        H("00 00 00 00 00 00 03 e8"),  # 10 Sequence Number = 1000
+        H("ff ff"),  # 18 Message Count = 0xFFFF: end of session
+    ]
+)
+
+MOLD_REQUEST = b"".join(
+    [
+        b"SESSION001",  # 0  Session
+        H("00 00 00 00 00 00 00 04"),  # 10 Sequence Number = 4, first message wanted
+        H("00 03"),  # 18 Requested Message Count = 3
+    ]
+)
+
+# --- SoupBinTCP 4.1 ---------------------------------------------------------------------------
+
+SOUP_LOGIN_REQUEST = b"".join(
+    [
+        H("00 2f"),  # Packet Length = 47 (type + 46 payload bytes)
+        b"L",  # Packet Type "L" Login Request
+        b"trader",  # Username (6 alpha)
+        b"s3cret    ",  # Password (10 alpha, padded on the right)
+        b" " * 10,  # Requested Session: all blanks = the currently active session
+        b" " * 19 + b"1",  # Requested Sequence Number (20 numeric, padded on the left) = 1
+    ]
+)
+
+SOUP_LOGIN_ACCEPTED = b"".join(
+    [
+        H("00 1f"),  # Packet Length = 31
+        b"A",  # Packet Type "A" Login Accepted
+        b"    ABC123",  # Session (10 alpha, padded on the left)
+        b" " * 16 + b"1001",  # Sequence Number (20 numeric) = 1001, the next one to be sent
+    ]
+)
+
+SOUP_LOGIN_REJECTED = H("00 02") + b"J" + b"S"  # Length 2, "J", reason "S" session unavailable
+SOUP_SERVER_HEARTBEAT = H("00 01") + b"H"  # Length 1, no payload
+SOUP_END_OF_SESSION = H("00 01") + b"Z"
+SOUP_CLIENT_HEARTBEAT = H("00 01") + b"R"
+SOUP_LOGOUT_REQUEST = H("00 01") + b"O"
+SOUP_DEBUG = H("00 06") + b"+" + b"hello"  # Length 6 = type + 5 text bytes
+SOUP_SEQUENCED_DATA = H("00 0b") + b"S" + b"0123456789"  # Length 11, a 10-byte message
+SOUP_UNSEQUENCED_DATA = H("00 04") + b"U" + b"abc"
+
+# --- OUCH 5.0 -----------------------------------------------------------------------------
+# Offsets are within the OUCH message (the SoupBinTCP packet payload).
+
+OUCH_ENTER_ORDER = b"".join(
+    [
+        b"O",  # 0  Type "O" (2.1 Enter Order)
+        H("00 00 00 07"),  # 1  UserRefNum = 7
+        b"B",  # 5  Side = Buy
+        H("00 00 01 2c"),  # 6  Quantity = 300
+        b"AAPL    ",  # 10 Symbol (8 alpha)
+        H("00 00 00 00 00 16 e3 c4"),  # 18 Price (8 bytes, 4 decimals) = 150.0100
+        b"0",  # 26 Time In Force = Day
+        b"Y",  # 27 Display = Visible
+        b"A",  # 28 Capacity = Agency
+        b"N",  # 29 InterMarket Sweep Eligibility = not eligible
+        b"N",  # 30 CrossType = continuous market
+        b"ORDER-0000007 ",  # 31 ClOrdID (14 alpha)
+        H("00 16"),  # 45 Appendage Length = 22
+        H("05 02") + b"GSCO",  # 47 TagValue: length 5, tag 2 Firm = "GSCO"
+        H("05 03 00 00 00 64"),  # 53 TagValue: length 5, tag 3 MinQty = 100
+        H("05 07 ff ff ff 9c"),  # 59 TagValue: length 5, tag 7 PegOffset = -100 (signed)
+        H("03 63 01 02"),  # 65 TagValue: length 3, tag 99 (not in Appendix A), raw 01 02
+    ]
+)
+
+OUCH_REPLACE_ORDER = b"".join(
+    [
+        b"U",  # 0  Type "U" (2.2 Replace Order)
+        H("00 00 00 07"),  # 1  OrigUserRefNum = 7
+        H("00 00 00 08"),  # 5  UserRefNum = 8
+        H("00 00 00 c8"),  # 9  Quantity = 200
+        H("00 00 00 00 00 16 e3 60"),  # 13 Price = 150.0000
+        b"0",  # 21 Time In Force = Day
+        b"Y",  # 22 Display
+        b"N",  # 23 InterMarket Sweep Eligibility
+        b"ORDER-0000008 ",  # 24 ClOrdID
+        H("00 00"),  # 38 Appendage Length = 0
+    ]
+)
+
+OUCH_CANCEL_ORDER = b"".join(
+    [
+        b"X",  # 0  Type "X" (2.3 Cancel Order)
+        H("00 00 00 08"),  # 1  UserRefNum = 8
+        H("00 00 00 00"),  # 5  Quantity = 0: cancel all
+        H("00 00"),  # 9  Appendage Length = 0
+    ]
+)
+
+OUCH_MODIFY_ORDER = b"".join(
+    [
+        b"M",  # 0  Type "M" (2.4 Modify Order)
+        H("00 00 00 08"),  # 1  UserRefNum = 8
+        b"T",  # 5  Side = sell short
+        H("00 00 00 64"),  # 6  Quantity = 100
+        H("00 00"),  # 10 Appendage Length = 0
+    ]
+)
+
+OUCH_ACCOUNT_QUERY_REQUEST = b"Q" + H("00 00")  # 2.8: Type, Appendage Length = 0
+
+OUCH_SYSTEM_EVENT = b"".join(
+    [
+        b"S",  # 0  Type "S" (3.1 System Event)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp (8) = 34,200,000,012,345 ns
+        b"S",  # 9  Event Code = start of day
+    ]
+)
+
+OUCH_ORDER_ACCEPTED = b"".join(
+    [
+        b"A",  # 0  Type "A" (3.2 Order Accepted)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp = 34,200,000,012,345 ns
+        H("00 00 00 07"),  # 9  UserRefNum = 7
+        b"B",  # 13 Side
+        H("00 00 01 2c"),  # 14 Quantity = 300
+        b"AAPL    ",  # 18 Symbol
+        H("00 00 00 00 00 16 e3 c4"),  # 26 Price = 150.0100
+        b"0",  # 34 Time In Force
+        b"Y",  # 35 Display
+        H("00 00 00 00 07 5b cd 15"),  # 36 Order Reference Number = 123456789
+        b"A",  # 44 Capacity
+        b"N",  # 45 InterMarket Sweep Eligibility
+        b"N",  # 46 CrossType
+        b"L",  # 47 Order State = Live
+        b"ORDER-0000007 ",  # 48 ClOrdID
+        H("00 06"),  # 62 Appendage Length = 6
+        H("05 02") + b"GSCO",  # 64 TagValue: Firm = "GSCO"
+    ]
+)
+
+OUCH_ORDER_REPLACED = b"".join(
+    [
+        b"U",  # 0  Type "U" (3.3 Order Replaced)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp
+        H("00 00 00 07"),  # 9  OrigUserRefNum = 7
+        H("00 00 00 08"),  # 13 UserRefNum = 8
+        b"B",  # 17 Side
+        H("00 00 00 c8"),  # 18 Quantity = 200
+        b"AAPL    ",  # 22 Symbol
+        H("00 00 00 00 00 16 e3 60"),  # 30 Price = 150.0000
+        b"0",  # 38 Time In Force
+        b"Y",  # 39 Display
+        H("00 00 00 00 07 5b cd 16"),  # 40 Order Reference Number = 123456790
+        b"A",  # 48 Capacity
+        b"N",  # 49 InterMarket Sweep Eligibility
+        b"N",  # 50 CrossType
+        b"L",  # 51 Order State
+        b"ORDER-0000008 ",  # 52 ClOrdID
+        H("00 00"),  # 66 Appendage Length = 0
+    ]
+)
+
+OUCH_ORDER_CANCELED = b"".join(
+    [
+        b"C",  # 0  Type "C" (3.4 Order Canceled)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp
+        H("00 00 00 08"),  # 9  UserRefNum = 8
+        H("00 00 00 c8"),  # 13 Quantity (decrement) = 200
+        b"U",  # 17 Reason = user requested
+        H("00 00"),  # 18 Appendage Length = 0
+    ]
+)
+
+OUCH_ORDER_EXECUTED = b"".join(
+    [
+        b"E",  # 0  Type "E" (3.6 Order Executed)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp
+        H("00 00 00 07"),  # 9  UserRefNum = 7
+        H("00 00 00 64"),  # 13 Quantity = 100
+        H("00 00 00 00 00 16 e3 c4"),  # 17 Price = 150.0100
+        b"A",  # 25 Liquidity Flag = added
+        H("00 00 00 00 00 00 03 e8"),  # 26 Match Number = 1000
+        H("00 00"),  # 34 Appendage Length = 0
+    ]
+)
+
+OUCH_ORDER_REJECTED = b"".join(
+    [
+        b"J",  # 0  Type "J" (3.8 Rejected)
+        H("00 00 1f 1a ce da 20 39"),  # 1  Timestamp
+        H("00 00 00 09"),  # 9  UserRefNum = 9
+        H("00 17"),  # 13 Reason (2-byte integer) = 0x17 Invalid Symbol
+        b"ORDER-0000009 ",  # 15 ClOrdID
+        H("00 00"),  # 29 Appendage Length = 0
+    ]
+)
+
+OUCH_ORDER_CANCELED_WITHOUT_APPENDAGE_LENGTH = OUCH_ORDER_CANCELED[:-2]

@@ -1,0 +1,88 @@
+"""``tailsight trace`` through typer's CliRunner: --json on the built-in workload, and the view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tailsight.cli.main import app
+from tailsight.cli.trace import SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
+from tailsight.hist import Histogram
+from tailsight.histfile import FORMAT, Counter, HistDocument, Series
+
+runner = CliRunner()
+
+
+@pytest.mark.kernel
+def test_trace_json_on_workload(kernel_ready: None) -> None:
+    from tailsight.workload import Task, Workload, default_cpu, private_base
+
+    cpu = default_cpu()
+    tasks = [Task("victim", cpu=cpu), Task("victim", cpu=cpu), Task("noisy", cpu=cpu)]
+    base = private_base("cli")
+    with Workload(tasks, base=base) as workload:
+        # The kernel's own name for each workload cgroup (/proc/<pid>/cgroup "0::" line).
+        kernel_paths = {
+            Path(f"/proc/{pid}/cgroup").read_text().split("0::", 1)[1].strip()
+            for pid in workload.pids()
+        }
+        result = runner.invoke(app, ["trace", "--json", "--duration", "2", "--cgroup", f"/{base}"])
+    assert result.exit_code == 0, result.output
+    assert '"format": "tailsight.hist/1"' in result.stdout
+    doc = HistDocument.loads(result.stdout)
+    assert 1.9e9 <= doc.end_ns - doc.start_ns <= 5e9
+    paths = {s.labels["cgroup"] for s in doc.series}
+    assert {s.labels["probe"] for s in doc.series} == {"runqueue"}
+    assert paths == kernel_paths == {f"/{base}/victim", f"/{base}/noisy"}
+
+    for series in doc.series:
+        path = series.labels["cgroup"]
+        assert series.hist.count > 10
+        waits = [c for c in doc.counters if c.labels.get("victim") == path]
+        wait_ns = sum(c.value for c in waits if c.name == "runqueue_displaced_wait_ns")
+        switches = sum(c.value for c in waits if c.name == "runqueue_displaced_switches")
+        assert (wait_ns, switches) == (series.hist.sum_ns, series.hist.count)
+    names = {c.name for c in doc.counters}
+    assert {"runqueue_displaced_wait_ns", "runqueue_dropped_events"} <= names
+    aggressors = {
+        (c.labels["victim"], c.labels["aggressor"])
+        for c in doc.counters
+        if c.name == "runqueue_displaced_switches"
+    }
+    assert (f"/{base}/victim", f"/{base}/noisy") in aggressors
+
+
+def test_unknown_probe_and_cgroup_are_rejected() -> None:
+    result = runner.invoke(app, ["trace", "--probe", "nosuch", "--json", "--duration", "0"])
+    assert result.exit_code == 2
+    assert "nosuch" in result.output
+
+
+def test_sparkline_uses_exact_coarse_buckets() -> None:
+    assert sparkline(Histogram.empty()) == " " * (len(SPARK_BOUNDS_NS) + 1)
+    # 4 x 3 µs (column 0), 2 x 7 µs (column 1), 1 x 1 s (last column: above 160 ms)
+    line = sparkline(Histogram.from_samples([3_000] * 4 + [7_000] * 2 + [1_000_000_000]))
+    assert line[0] == "█" and line[1] == "▅" and line[-1] == "▃"
+    assert line[2:-1].strip() == ""
+
+
+def test_render_fits_80_columns() -> None:
+    from rich.console import Console
+
+    hist = Histogram.from_samples([5_000, 12_000, 3_000_000])
+    doc = HistDocument(
+        0,
+        10**9,
+        [Series({"probe": "runqueue", "cgroup": "/a/very/long/cgroup/path/" * 4}, hist)],
+        [
+            Counter("runqueue_displaced_wait_ns", {"victim": "/a", "aggressor": "idle"}, 7),
+            Counter("runqueue_displaced_switches", {"victim": "/a", "aggressor": "idle"}, 1),
+        ],
+    )
+    console = Console(width=200, record=True)
+    console.print(render(doc, "test"))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= VIEW_WIDTH
+    assert "idle" in text and FORMAT not in text
