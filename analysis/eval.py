@@ -13,15 +13,15 @@ requested ratio and the body (P50) does not move at all.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from tailsight.analysis.gate import GateConfig, Outcome, gate_documents
-from tailsight.analysis.jumps import JumpConfig, benjamini_hochberg, detect_offline, monitor
+from tailsight.analysis.jumps import JumpConfig, benjamini_hochberg, detect_offline
+
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument, Series
 
@@ -174,7 +174,9 @@ class Rate:
 
     def __str__(self) -> str:
         low, high = self.interval()
-        return f"{self.value:6.3f} [{low:.3f}, {high:.3f}] ({self.hits}/{self.trials})"
+        if 0 < high < 0.005:  # false-alarm rates per interval: keep the digits that matter
+            return f"{self.value:.1e} [{low:.1e}, {high:.1e}] ({self.hits}/{self.trials})"
+        return f"{self.value:5.3f} [{low:.3f}, {high:.3f}] ({self.hits}/{self.trials})"
 
 
 @dataclass(frozen=True)
@@ -204,10 +206,9 @@ class GateCalibration:
 def pooled_event_test(
     baseline: Sequence[HistDocument], candidate: Sequence[HistDocument], q: float, alpha: float
 ) -> bool:
-    """The naive gate: pool all events per side, one-sided two-proportion z-test of exceedances
-    above the pooled baseline's q-quantile bucket edge. Shown as a baseline; not used by the gate."""
+    """Naive gate (a baseline, not used by the gate): pool all events per side, then a one-sided
+    two-proportion z-test of exceedances above the pooled baseline's q-quantile bucket edge."""
     from scipy.stats import norm
-
     from tailsight.analysis.jumps import TailThreshold
     from tailsight.analysis.quantiles import dense_counts
 
@@ -233,7 +234,7 @@ def gate_calibration(
     seed: int = 0,
     scenario: str = "",
 ) -> GateCalibration:
-    """Gate ``trials`` independent experiments whose true candidate/baseline P99 ratio is ``ratio``."""
+    """Gate ``trials`` independent experiments whose true candidate / baseline P99 is ``ratio``."""
     model = model or LatencyModel()
     candidate_model = model if ratio == 1.0 else model.with_tail_ratio(ratio)
     config = config or GateConfig(bootstrap=500)
@@ -288,20 +289,18 @@ def simulate_intervals(
 
 
 @dataclass(frozen=True)
-class JumpCalibration:
-    """Online detector on stationary and changed series, with a naive same-data baseline."""
+class DetectorScore:
+    """One detector on the same stationary and changed series."""
 
-    false_alarms: Rate  # alarms per monitored series-interval (stationary series)
+    name: str
+    false_alarms: Rate  # alarms per monitored series-interval, stationary series
     detected: Rate  # changed series alarmed at or after the change, within the horizon
     early_alarms: int  # changed series alarmed before the change
-    delays: list[int] = field(default_factory=list)  # alarm - change, intervals
-    naive_false_alarms: Rate = Rate(0, 0)
-    naive_delays: list[int] = field(default_factory=list)
-    naive_detected: Rate = Rate(0, 0)
+    delays: list[int] = field(default_factory=list)  # first alarm at/after the change - change
 
-    def delay_summary(self, naive: bool = False) -> dict[str, float]:
-        """Median, mean and 90th percentile of the delay in intervals."""
-        values = np.array(self.naive_delays if naive else self.delays, dtype=np.float64)
+    def delay_summary(self) -> dict[str, float]:
+        """Median, mean and 90th percentile of the delay, in intervals."""
+        values = np.array(self.delays, dtype=np.float64)
         if not values.size:
             return {"median": math.nan, "mean": math.nan, "p90": math.nan}
         return {
@@ -311,16 +310,54 @@ class JumpCalibration:
         }
 
 
-def naive_alarms(
-    counts: npt.NDArray[np.int64], q: float, reference: int, factor: float = 1.2
+@dataclass(frozen=True)
+class JumpCalibration:
+    """The CUSUM detector (first score) and same-data baselines for one jump size."""
+
+    ratio: float
+    scores: list[DetectorScore]
+
+    @property
+    def cusum(self) -> DetectorScore:
+        """The score of :func:`tailsight.analysis.jumps.monitor`."""
+        return self.scores[0]
+
+
+def dashboard_alarms(
+    counts: npt.NDArray[np.int64], config: JumpConfig, factor: float = 1.2
 ) -> list[int]:
     """Baseline rule: alarm when an interval's q-quantile exceeds ``factor`` x the reference's."""
     from tailsight.analysis.jumps import quantile_of
 
-    ref = quantile_of(counts[:reference].sum(axis=0), q)
+    reference = config.reference_intervals
+    limit = factor * quantile_of(counts[:reference].sum(axis=0), config.quantile)
     return [
-        t for t in range(reference, counts.shape[0]) if quantile_of(counts[t], q) > factor * ref
+        t
+        for t in range(reference, counts.shape[0])
+        if quantile_of(counts[t], config.quantile) > limit
     ]
+
+
+def shewhart_alarms(counts: npt.NDArray[np.int64], config: JumpConfig) -> list[int]:
+    """Baseline rule at the same nominal rate: a two-sided z-test of each interval's exceedance
+    count against the reference (same threshold and dispersion as the CUSUM, no memory)."""
+    from scipy.stats import norm
+    from tailsight.analysis.jumps import TailThreshold, pearson_dispersion
+
+    reference = config.reference_intervals
+    threshold = TailThreshold.from_counts(counts[:reference].sum(axis=0), config.quantile)
+    if threshold is None:
+        return []
+    exceed = threshold.exceedances(counts).astype(np.float64)
+    total = counts.sum(axis=1).astype(np.float64)
+    rate = threshold.rate
+    dispersion = pearson_dispersion(
+        exceed[:reference], total[:reference], rate, config.dispersion_quantile
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (exceed - total * rate) / np.sqrt(dispersion * total * rate * (1.0 - rate))
+    limit = float(norm.isf(config.false_alarm_rate / 2))
+    return [t for t in range(reference, counts.shape[0]) if abs(z[t]) > limit]
 
 
 def jump_calibration(
@@ -332,48 +369,46 @@ def jump_calibration(
     noise: IntervalNoise | None = None,
     model: LatencyModel | None = None,
     seed: int = 0,
-    naive_factor: float = 1.2,
 ) -> JumpCalibration:
-    """False alarms on ``series`` stationary series; delay on as many with a ``ratio`` tail jump."""
+    """False alarms on ``series`` stationary series and delays on as many with a ``ratio`` jump of
+    the configured quantile at ``change_at``: the CUSUM, a Shewhart test and a dashboard rule."""
+    from tailsight.analysis.jumps import monitor
+
     config = config or JumpConfig()
     model = model or LatencyModel()
     after = model.with_tail_ratio(ratio, q=config.quantile)
-    false_alarms = monitored = naive_false = naive_monitored = 0
-    delays: list[int] = []
-    naive_delays: list[int] = []
-    early = 0
+    detectors: dict[str, Callable[[npt.NDArray[np.int64]], list[int]]] = {
+        "cusum": lambda c: [j.alarm_index for j in monitor(c, config)],
+        "shewhart": lambda c: shewhart_alarms(c, config),
+        "dashboard x1.2": lambda c: dashboard_alarms(c, config),
+    }
+    false_alarms = dict.fromkeys(detectors, 0)
+    early = dict.fromkeys(detectors, 0)
+    delays: dict[str, list[int]] = {name: [] for name in detectors}
     for n in range(series):
         rng = np.random.default_rng([seed, n])
         quiet = simulate_intervals(model, intervals, rng, noise=noise)
-        jumps = monitor(quiet, config)
-        false_alarms += len(jumps)
-        monitored += intervals - config.reference_intervals
-        naive = naive_alarms(quiet, config.quantile, config.reference_intervals, naive_factor)
-        naive_false += len(naive)
-        naive_monitored += intervals - config.reference_intervals
-
         changed = simulate_intervals(model, intervals, rng, after, change_at, noise)
-        alarms = [j.alarm_index for j in monitor(changed, config)]
-        if any(a < change_at for a in alarms):
-            early += 1
-        later = [a for a in alarms if a >= change_at]
-        if later:
-            delays.append(later[0] - change_at)
-        naive_later = [
-            a
-            for a in naive_alarms(changed, config.quantile, config.reference_intervals)
-            if a >= change_at
-        ]
-        if naive_later:
-            naive_delays.append(naive_later[0] - change_at)
+        for name, detect in detectors.items():
+            false_alarms[name] += len(detect(quiet))
+            alarms = detect(changed)
+            early[name] += any(a < change_at for a in alarms)
+            later = [a for a in alarms if a >= change_at]
+            if later:
+                delays[name].append(later[0] - change_at)
+    monitored = series * (intervals - config.reference_intervals)
     return JumpCalibration(
-        false_alarms=Rate(false_alarms, monitored),
-        detected=Rate(len(delays), series),
-        early_alarms=early,
-        delays=delays,
-        naive_false_alarms=Rate(naive_false, naive_monitored),
-        naive_delays=naive_delays,
-        naive_detected=Rate(len(naive_delays), series),
+        ratio=ratio,
+        scores=[
+            DetectorScore(
+                name=name,
+                false_alarms=Rate(false_alarms[name], monitored),
+                detected=Rate(len(delays[name]), series),
+                early_alarms=early[name],
+                delays=delays[name],
+            )
+            for name in detectors
+        ],
     )
 
 

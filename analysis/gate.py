@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-
 from tailsight.analysis.quantiles import (
     LabelKey,
     RunInputError,
@@ -54,6 +54,7 @@ from tailsight.analysis.quantiles import (
     select_series,
     tail_events,
 )
+
 from tailsight.histfile import HistDocument
 
 JSON_FORMAT: Final = "tailsight.gate/1"
@@ -61,7 +62,7 @@ LOW_TAIL_EVENTS: Final = 10.0
 """Below this many expected events above q in a run, its q-quantile is little more than its max."""
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """Verdict of one comparison or of the whole gate."""
 
     PASS = "pass"
@@ -231,8 +232,7 @@ def compare(
     needed = max(config.min_runs, 2)
     if x.size < needed or y.size < needed:
         reason = (
-            f"too few runs: need at least {needed} per side "
-            f"(baseline {x.size}, candidate {y.size})"
+            f"too few runs: need at least {needed} per side (baseline {x.size}, candidate {y.size})"
         )
         return Comparison(**base, outcome=Outcome.INCONCLUSIVE, reason=reason, **counts)
     if 1.0 / math.comb(x.size + y.size, x.size) >= config.alpha:
@@ -317,8 +317,10 @@ def gate_documents(
         base_q = run_quantiles(base_hists, config.quantiles)
         cand_q = run_quantiles(cand_hists, config.quantiles)
         for row, q in enumerate(config.quantiles):
-            # One generator per comparison: adding a series does not change the others' intervals.
-            rng = np.random.default_rng([config.seed, len(comparisons)])
+            # One generator per (series, q), keyed by name: adding a series or a quantile does not
+            # change the other comparisons' intervals.
+            name = f"{describe(key)}|{quantile_name(q)}".encode()
+            rng = np.random.default_rng([config.seed, zlib.crc32(name)])
             result = compare(base_q[row], cand_q[row], q, config, rng, key)
             events = tail_events(base_hists, q) + tail_events(cand_hists, q)
             min_events = min(events) if events else math.nan

@@ -1,10 +1,10 @@
-"""Tail-jump detection in sequences of interval histograms: when did a series' P99 (P99.9, any q) move?
+"""Tail-jump detection in sequences of interval histograms: when did a series' P99 or P99.9 move?
 
 A tail change is treated as a *count* problem. Pick a threshold at the q-quantile of a reference
-(the bucket edge whose exceedance fraction is nearest ``1 - q``); in every interval count the events
-above it: ``x_t`` of ``n_t``. Without a change ``x_t ~ Binomial(n_t, p0)``; a tail that moved up or
-down changes the exceedance rate. Real intervals are burstier than binomial, so every likelihood is a
-quasi-likelihood divided by a dispersion factor ``phi >= 1`` estimated from the data.
+(the bucket edge whose exceedance fraction is nearest ``1 - q``); in every interval count the
+events above it: ``x_t`` of ``n_t``. Without a change ``x_t ~ Binomial(n_t, p0)``; a tail that
+moved up or down changes the exceedance rate. Real intervals are burstier than binomial, so every
+likelihood is a quasi-likelihood divided by a dispersion factor ``phi >= 1`` estimated from data.
 
 **Online** (:class:`OnlineJumpDetector`, one per series and quantile, fed interval by interval):
 
@@ -42,18 +42,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-
 from tailsight.analysis.quantiles import (
     LabelKey,
     histogram_from_dense,
     quantile_name,
     series_arrays,
 )
+
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 
@@ -120,7 +120,7 @@ class TailThreshold:
 
     def exceedances(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Tail events per row of ``[intervals, NUM_BUCKETS + 1]`` counts."""
-        return rows[..., self.edge_index + 1 :].sum(axis=-1)
+        return np.asarray(rows[..., self.edge_index + 1 :].sum(axis=-1), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,10 @@ class Jump:
     confirmed: bool
     change_start_ns: int | None = None
     alarm_start_ns: int | None = None
+    settled_after_ns: float = math.nan
+    """q-quantile over up to ``reference_intervals`` intervals from the change on (until the next
+    change), filled in by :func:`monitor` when it has seen them; ``after_ns`` only covers the few
+    intervals up to the alarm."""
 
     @property
     def ratio(self) -> float:
@@ -168,6 +172,9 @@ class Jump:
             "dispersion": self.dispersion,
             "confirm_p_value": self.confirm_p_value,
             "confirmed": self.confirmed,
+            "settled_after_ns": None
+            if math.isnan(self.settled_after_ns)
+            else self.settled_after_ns,
         }
 
 
@@ -307,7 +314,8 @@ class OnlineJumpDetector:
             return None
         jump = self._step(index, row)
         if jump is None:
-            self._fold(min(self._up_zero, self._down_zero))
+            sides = (self._up_zero, self._down_zero) if self.config.two_sided else (self._up_zero,)
+            self._fold(min(sides))
         return jump
 
     def _try_reference(self) -> None:
@@ -334,7 +342,7 @@ class OnlineJumpDetector:
         drop = until - self._base
         if drop <= 0:
             return
-        folded = np.sum(self._rows[:drop], axis=0, dtype=np.int64)
+        folded: npt.NDArray[np.int64] = np.stack(self._rows[:drop]).sum(axis=0)
         self._before = folded if self._before is None else self._before + folded
         del self._rows[:drop], self._starts[:drop]
         self._base = until
@@ -366,7 +374,7 @@ class OnlineJumpDetector:
         change = min(change, alarm)
         self._fold(change)
         before = self._before
-        after = np.sum(self._rows, axis=0, dtype=np.int64)
+        after: npt.NDArray[np.int64] = np.stack(self._rows).sum(axis=0)
         q = self.config.quantile
         before_ns, after_ns = quantile_of(before, q), quantile_of(after, q)
         p_value = homogeneity_test(before, after, self._dispersion)
@@ -400,14 +408,22 @@ def monitor(
     starts_ns: Sequence[int] | None = None,
     series: LabelKey = (),
 ) -> list[Jump]:
-    """Run the online detector over ``[intervals, NUM_BUCKETS + 1]`` counts; all alarms."""
-    detector = OnlineJumpDetector(config or JumpConfig(), series)
+    """Run the online detector over ``[intervals, NUM_BUCKETS + 1]`` counts; all alarms, each with
+    its ``settled_after_ns`` from the intervals that followed."""
+    config = config or JumpConfig()
+    detector = OnlineJumpDetector(config, series)
     jumps: list[Jump] = []
     for t, row in enumerate(counts):
         jump = detector.update(row, None if starts_ns is None else int(starts_ns[t]))
         if jump is not None:
             jumps.append(jump)
-    return jumps
+    settled: list[Jump] = []
+    for n, jump in enumerate(jumps):
+        end = jumps[n + 1].change_index if n + 1 < len(jumps) else len(counts)
+        end = min(end, jump.change_index + config.reference_intervals)
+        window = np.asarray(counts[jump.change_index : end]).sum(axis=0)
+        settled.append(replace(jump, settled_after_ns=quantile_of(window, config.quantile)))
+    return settled
 
 
 def monitor_documents(
@@ -552,12 +568,8 @@ def detect_documents(
 
 
 def _with_quantile(config: JumpConfig, q: float) -> JumpConfig:
-    from dataclasses import replace
-
     return replace(config, quantile=q)
 
 
 def _discovered(result: OfflineResult, found: bool) -> OfflineResult:
-    from dataclasses import replace
-
     return replace(result, discovered=found)

@@ -128,7 +128,7 @@ def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Run]:
 def select_series(
     documents: Sequence[HistDocument], selector: Mapping[str, str]
 ) -> dict[LabelKey, list[Histogram | None]]:
-    """Per matching label set, its histogram in each document (None where that document lacks it)."""
+    """Per matching label set, its histogram in each document (None where a document lacks it)."""
     found: dict[LabelKey, list[Histogram | None]] = {}
     for n, document in enumerate(documents):
         for series in document.series:

@@ -94,7 +94,7 @@ def ib_book(path: Path, tables: tuple[str, ...]) -> tuple[int, Top | None]:
             columns = zip(*(bbo[c].tolist() for c in ("locate", "bid_px", "bid_sz", "ask_px",
                                                       "ask_sz")), strict=True)  # fmt: skip
             for locate, *top in columns:
-                last[locate] = tuple(top)  # type: ignore[assignment]
+                last[locate] = tuple(top)
     assert feed.stats is not None
     return feed.stats["messages"], last if "bbo" in tables else None
 
@@ -103,7 +103,7 @@ def ib_book(path: Path, tables: tuple[str, ...]) -> tuple[int, Top | None]:
 
 
 def meatpy_decode(path: Path) -> tuple[int, None]:
-    from meatpy.itch50 import ITCH50MessageReader
+    from meatpy.itch50 import ITCH50MessageReader  # type: ignore[import-untyped]
 
     count = 0
     with ITCH50MessageReader(path) as reader:
@@ -115,7 +115,9 @@ def meatpy_decode(path: Path) -> tuple[int, None]:
 def meatpy_book(path: Path) -> tuple[int, Top]:
     """MeatPy's processor is one book per instrument: one per symbol, routed by stock locate."""
     from meatpy.itch50 import ITCH50MarketProcessor, ITCH50MessageReader
-    from meatpy.itch50.itch50_market_message import StockDirectoryMessage
+    from meatpy.itch50.itch50_market_message import (  # type: ignore[import-untyped]
+        StockDirectoryMessage,
+    )
 
     day = dt.datetime(SESSION_DATE.year, SESSION_DATE.month, SESSION_DATE.day)
     processors: dict[int, Any] = {}

@@ -79,14 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         probe.attach()
         baseline = attach_raw_tracepoints(empty, "empty", ["sched_switch"])
         try:
-            ours_fd = probe.program_fds()["sched_switch"]
+            fds = probe.program_fds()
+            ours_fd, wakeup_fd = fds["sched_switch"], fds["sched_wakeup"]
             empty_fd = empty.funcs[b"on_sched_switch"].fd
             pids = start_load(default_cpu())
             try:
                 time.sleep(0.2)  # let the ping-pong settle
                 ours_0, empty_0 = prog_stats(ours_fd), prog_stats(empty_fd)
+                wakeup_0 = prog_stats(wakeup_fd)
                 time.sleep(seconds)
                 ours_1, empty_1 = prog_stats(ours_fd), prog_stats(empty_fd)
+                wakeup_1 = prog_stats(wakeup_fd)
             finally:
                 stop_load(pids)
             snapshot = probe.read()
@@ -106,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"runqueue sched_switch: {per_ours:8.1f} ns/event")
     print(f"empty program        : {per_empty:8.1f} ns/event (same tracepoint, same run)")
     print(f"ratio {per_ours / per_empty:.2f}x, added work {per_ours - per_empty:.1f} ns/event")
+    wakeup_ns, wakeups = wakeup_1[0] - wakeup_0[0], wakeup_1[1] - wakeup_0[1]
+    if wakeups:
+        print(f"runqueue sched_wakeup: {wakeup_ns / wakeups:8.1f} ns/event ({wakeups:,} wakeups)")
     print(f"drops during the run: {sum(snapshot.dropped.values())}")
     return 0
 

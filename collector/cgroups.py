@@ -50,13 +50,14 @@ class CgroupResolver:
             result[cgroup_id] = path
         return result
 
-    def walk(self) -> Iterator[tuple[int, str]]:
-        """Every (id, path) under the root, the root itself first; vanished dirs are skipped."""
+    def walk(self, start: str = ROOT_PATH) -> Iterator[tuple[int, str]]:
+        """Every (id, path) from ``start`` down, ``start`` first; vanished dirs are skipped."""
+        start = normalize(start)
         try:
-            yield os.stat(self.root).st_ino, ROOT_PATH
+            yield os.stat(self.absolute(start)).st_ino, start
         except FileNotFoundError:
             return
-        stack = [(self.root, "")]
+        stack = [(self.absolute(start), "" if start == ROOT_PATH else start)]
         while stack:
             directory, relative = stack.pop()
             try:
@@ -75,12 +76,7 @@ class CgroupResolver:
 
     def subtree_ids(self, path: str) -> dict[int, str]:
         """Ids and paths of a cgroup and all its descendants (for --cgroup filters)."""
-        prefix = normalize(path)
-        return {
-            cgroup_id: p
-            for cgroup_id, p in self.walk()
-            if prefix == ROOT_PATH or p == prefix or p.startswith(prefix + "/")
-        }
+        return dict(self.walk(path))
 
     def absolute(self, path: str) -> Path:
         """Filesystem path of a cgroup path relative to the root."""

@@ -17,6 +17,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MOUNTS_PATH = Path("/proc/self/mounts")
 AF_XDP = 44
@@ -201,9 +202,10 @@ def check_bpf_stats(host: Host) -> Check:
     return Check("BPF stats", True, f"kernel.bpf_stats_enabled={value} ({state})", None, False)
 
 
-def check_bcc() -> tuple[Check, object | None]:
-    """bcc imports and compiles and loads a tiny raw tracepoint program; returns the loaded BPF."""
+def check_bcc() -> tuple[Check, Any]:
+    """bcc imports, compiles and loads a tiny raw tracepoint program; returns the loaded BPF."""
     try:
+        import bcc
         from bcc import BPF
     except ImportError as error:
         return Check("bcc", False, f"import bcc: {error}", FIX_SETUP, True), None
@@ -213,17 +215,17 @@ def check_bcc() -> tuple[Check, object | None]:
     except Exception as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         return Check("bcc", False, f"compile/load failed: {message}", FIX_SETUP, True), None
-    version = getattr(__import__("bcc"), "__version__", "?")
+    version = getattr(bcc, "__version__", "?")
     return Check("bcc", True, f"bcc {version} compiles and loads", None, True), bpf
 
 
-def check_tracepoint(bpf: object, tracepoint: str, probes: list[str], signature: str) -> Check:
+def check_tracepoint(bpf: Any, tracepoint: str, probes: list[str], signature: str) -> Check:
     """Attach then detach the no-op program on one raw tracepoint."""
     name = f"tp {tracepoint}"
     used_by = ", ".join(probes)
     try:
-        bpf.attach_raw_tracepoint(tp=tracepoint.encode(), fn_name=_NOOP_FUNCTION.encode())  # type: ignore[attr-defined]
-        bpf.detach_raw_tracepoint(tp=tracepoint.encode())  # type: ignore[attr-defined]
+        bpf.attach_raw_tracepoint(tp=tracepoint.encode(), fn_name=_NOOP_FUNCTION.encode())
+        bpf.detach_raw_tracepoint(tp=tracepoint.encode())
     except Exception as error:
         fix = f"use a kernel that has it (needed by probe {used_by})"
         return Check(name, False, f"attach failed: {error}", fix, True)
@@ -245,7 +247,7 @@ def check_offsets(host: Host) -> Check:
 
 
 def _tracepoint_signature(host: Host, tracepoint: str) -> str:
-    """``sched_switch(bool, struct task_struct *, ...)`` from BTF, or '' if unavailable."""
+    """Argument types from BTF, e.g. ``(struct task_struct *)``, or '' if unavailable."""
     from tailsight.probes.btf import Btf, BtfError
 
     try:
@@ -283,7 +285,7 @@ def run_checks(
             users.setdefault(tracepoint, []).append(probe)
 
     blocker = first_failed(privileges, headers)
-    bpf: object | None = None
+    bpf: Any = None
     if blocker is not None:
         bcc_check = _not_run("bcc", True, blocker)
     else:
@@ -303,7 +305,7 @@ def run_checks(
             checks.append(check_tracepoint(bpf, tracepoint, probes, signature))
     finally:
         if bpf is not None:
-            bpf.cleanup()  # type: ignore[attr-defined]
+            bpf.cleanup()
     checks.append(check_af_xdp())
     checks.append(check_bpf_stats(host))
     return checks

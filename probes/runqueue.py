@@ -17,7 +17,7 @@ from tailsight.histfile import Counter, HistDocument, Series
 PROBE_NAME: Final = "runqueue"
 IDLE_AGGRESSOR: Final = "idle"
 # Index i of the kernel's runqueue_dropped_events array (DROP_* in runqueue.bpf.c).
-DROP_REASONS: Final = ("stamp_update", "hist_full", "pair_full")
+DROP_REASONS: Final = ("stamp_update", "hist_full", "pair_full", "untraced_switch")
 
 PairKey = tuple[int, int]
 """(victim cgroup id, aggressor cgroup id); aggressor 0 = the CPU was idle."""

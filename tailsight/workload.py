@@ -113,9 +113,11 @@ class Workload:
                 for n in range(len(self.base.split("/")))
             ]
             for directory in (*levels, *map(self.cgroup_dir, self.groups)):
-                if not directory.exists():
+                try:
                     directory.mkdir()
-                    self._created.append(directory)
+                except FileExistsError:
+                    continue  # a level shared with another workload, or left from a crash
+                self._created.append(directory)
             for task in self.tasks:
                 pipe = subprocess.PIPE if task.pipes else subprocess.DEVNULL
                 proc = subprocess.Popen(task.command(), stdin=pipe, stdout=pipe)

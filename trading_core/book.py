@@ -1,6 +1,6 @@
 """L3 (order-by-order) book for ITCH 5.0: per stock locate, price levels holding FIFO order queues.
 
-Orders are day-unique references (ITCH 5.0 section 4.3: order reference numbers are unique for the
+Orders are day-unique references (ITCH 5.0 section 1.3: order reference numbers are unique for the
 day), so one dict maps every live reference to its order across all symbols, and an order holds its
 level: executes, cancels, deletes and replaces never search the book. Each side keeps a dict
 price -> level plus a sorted list of keys with the best level at the back (asks stored negated), so
@@ -16,19 +16,22 @@ cancel larger than the order is clamped, and zero-share or zero-price adds are r
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 if TYPE_CHECKING:
+    from tailsight.trading_core.itch import Message
     from tailsight.trading_core.itch_batch import BatchResult
 
 BID = "B"
 ASK = "S"
 
-# SystemEvent codes (ITCH 5.0 section 4.1): market hours run from "Q" to "M".
+# SystemEvent codes (ITCH 5.0 section 1.1): market hours run from "Q" to "M".
 _MARKET_OPEN_CODE = "Q"
 _MARKET_CLOSE_CODE = "M"
-# StockTradingAction state (section 4.2.2) in which the book must be uncrossed.
+# StockTradingAction state (section 1.2.2) in which the book must be uncrossed.
 _TRADING = "T"
 
 
@@ -37,7 +40,8 @@ class BookInvariantError(AssertionError):
 
 
 class TradeEvent(NamedTuple):
-    """One execution: resting order filled, aggressor is the side opposite the resting order."""
+    """One execution. For E and C the aggressor is the side opposite the resting order; for P
+    (a non-displayed order, book untouched) it is "N": NASDAQ always sends "B" there (1.5.1)."""
 
     locate: int
     timestamp_ns: int
@@ -47,6 +51,7 @@ class TradeEvent(NamedTuple):
     resting_ref: int
     match_number: int
     printable: bool
+    kind: str = "E"  # the ITCH message type that printed it: E, C or P
 
 
 class TopOfBook(NamedTuple):
@@ -208,9 +213,16 @@ class Book:
             ref,
             match_number,
             printable,
+            "E" if price is None else "C",
         )
         self._reduce(order, shares)
         return trade
+
+    def hidden_trade(
+        self, locate: int, price: int, shares: int, *, timestamp_ns: int = 0, match_number: int = 0
+    ) -> TradeEvent:
+        """A trade against a non-displayed order (P): reported, the book is not touched."""
+        return TradeEvent(locate, timestamp_ns, price, shares, "N", 0, match_number, True, "P")
 
     def cancel(self, ref: int, shares: int) -> None:
         """Cancel part of an order (X); the order leaves the book when nothing remains."""
@@ -327,7 +339,7 @@ class Book:
 
     # ----------------------------------------------------------------- ITCH dispatch
 
-    def apply(self, msg: Any) -> TradeEvent | None:
+    def apply(self, msg: Message) -> TradeEvent | None:
         """Apply one decoded ITCH message; returns the trade an execution produced, else None."""
         handler = self._handlers.get(type(msg))
         return handler(msg) if handler is not None else None
@@ -340,67 +352,89 @@ class Book:
         The fast path for replay: rows come out of the structured arrays as plain tuples, so no
         message object is built. Returns the number of messages applied.
         """
-        from tailsight.trading_core.itch_batch import OUTPUT_DTYPES
+        records = batch.records
 
-        def fields(kind: bytes, *names: str) -> list[int]:
-            order = OUTPUT_DTYPES[kind].names or ()
-            return [order.index(name) for name in names]
+        def rows(kind: bytes, *names: str) -> Iterator[tuple[Any, ...]]:
+            # Column-wise tolist of only the fields needed: far cheaper than a structured
+            # array's tolist, which converts every field (alpha ones to bytes) of every row.
+            if kind not in records:
+                return iter(())
+            array = records[kind]
+            columns = []
+            for name in names:
+                column = array[name]
+                if name == "side":
+                    column = (column == b"B") if column.dtype.kind == "S" else (column == 66)
+                elif column.dtype.kind in "SU":
+                    column = (
+                        np.char.decode(column, "latin-1") if column.dtype.kind == "S" else column
+                    )
+                columns.append(column.tolist())
+            return zip(*columns, strict=True)
 
-        ref = "order_reference_number"
-        executed = (ref, "executed_shares", "timestamp_ns", "match_number")
-        a_locate, a_ref, a_side, a_shares, a_price = fields(
-            b"A", "stock_locate", ref, "side", "shares", "price")  # fmt: skip
-        if fields(b"F", "stock_locate", ref, "side", "shares", "price") != fields(
-            b"A", "stock_locate", ref, "side", "shares", "price"):  # fmt: skip
-            raise AssertionError("A and F records must share their leading fields")
-        e_ref, e_shares, e_ts, e_match = fields(b"E", *executed)
-        c_ref, c_shares, c_ts, c_match, c_printable, c_price = fields(
-            b"C", *executed, "printable", "execution_price")  # fmt: skip
-        x_ref, x_shares = fields(b"X", ref, "cancelled_shares")
-        (d_ref,) = fields(b"D", ref)
-        u_old, u_new, u_shares, u_price = fields(
-            b"U", "original_" + ref, "new_" + ref, "shares", "price")  # fmt: skip
-        (s_code,) = fields(b"S", "event_code")
-        h_locate, h_state = fields(b"H", "stock_locate", "trading_state")
-        r_locate, r_stock = fields(b"R", "stock_locate", "stock")
-        rows = {kind[0]: iter(records.tolist()) for kind, records in batch.records.items()}
+        book_fields = ("stock_locate", "order_reference_number", "side", "price", "shares")
+        executed = ("order_reference_number", "executed_shares", "timestamp_ns", "match_number")
+        streams = {
+            b"A"[0]: rows(b"A", *book_fields),
+            b"F"[0]: rows(b"F", *book_fields),
+            b"E"[0]: rows(b"E", *executed),
+            b"C"[0]: rows(b"C", *executed, "printable", "execution_price"),
+            b"X"[0]: rows(b"X", "order_reference_number", "cancelled_shares"),
+            b"D"[0]: rows(b"D", "order_reference_number"),
+            b"U"[0]: rows(
+                b"U",
+                "original_order_reference_number",
+                "new_order_reference_number",
+                "price",
+                "shares",
+            ),
+            b"P"[0]: rows(b"P", "stock_locate", "price", "shares", *executed[2:]),
+            b"S"[0]: rows(b"S", "event_code"),
+            b"H"[0]: rows(b"H", "stock_locate", "trading_state"),
+            b"R"[0]: rows(b"R", "stock_locate", "stock"),
+        }
         add, execute, cancel, delete, replace = (
             self.add, self.execute, self.cancel, self.delete, self.replace)  # fmt: skip
         type_a, type_f, type_e, type_c, type_x, type_d, type_u = b"AFECXDU"
-        type_s, type_h, type_r = b"SHR"
-        buy = frozenset((b"B", "B", 66))
+        type_p, type_s, type_h, type_r = b"PSHR"
         count = 0
         for kind in batch.message_types.tolist():
-            row = next(rows[kind])
             count += 1
+            stream = streams.get(kind)
+            if stream is None:
+                continue  # nothing for the book (Q, B, I, ...)
+            row = next(stream)
             # Ordered by frequency on NASDAQ days: adds, deletes, executions, cancels, replaces.
             if kind == type_a or kind == type_f:  # noqa: SIM109 -- no tuple per message
-                add(row[a_locate], row[a_ref], BID if row[a_side] in buy else ASK, row[a_price],
-                    row[a_shares])  # fmt: skip
+                locate, ref, is_buy, price, shares = row
+                add(locate, ref, BID if is_buy else ASK, price, shares)
             elif kind == type_d:
-                delete(row[d_ref])
+                delete(row[0])
             elif kind == type_e:
-                trade = execute(row[e_ref], row[e_shares], timestamp_ns=row[e_ts],
-                                match_number=row[e_match])  # fmt: skip
+                trade = execute(row[0], row[1], timestamp_ns=row[2], match_number=row[3])
                 if on_trade is not None and trade is not None:
                     on_trade(trade)
             elif kind == type_x:
-                cancel(row[x_ref], row[x_shares])
+                cancel(row[0], row[1])
             elif kind == type_u:
-                replace(row[u_old], row[u_new], row[u_price], row[u_shares])
+                replace(*row)
             elif kind == type_c:
-                printable = row[c_printable] in (b"Y", "Y", 89)
-                trade = execute(row[c_ref], row[c_shares], price=row[c_price],
-                                printable=printable, timestamp_ns=row[c_ts],
-                                match_number=row[c_match])  # fmt: skip
+                ref, shares, ts, match, printable, price = row
+                trade = execute(ref, shares, price=price, printable=printable == "Y",
+                                timestamp_ns=ts, match_number=match)  # fmt: skip
                 if on_trade is not None and trade is not None:
                     on_trade(trade)
+            elif kind == type_p:
+                trade = self.hidden_trade(row[0], row[1], row[2], timestamp_ns=row[3],
+                                          match_number=row[4])  # fmt: skip
+                if on_trade is not None:
+                    on_trade(trade)
             elif kind == type_s:
-                self.system_event(_text(row[s_code]))
+                self.system_event(row[0])
             elif kind == type_h:
-                self.set_trading_state(row[h_locate], _text(row[h_state]))
+                self.set_trading_state(*row)
             elif kind == type_r:
-                self.symbols[row[r_locate]] = _text(row[r_stock]).rstrip()
+                self.symbols[row[0]] = row[1].rstrip()
         return count
 
     def _bind_handlers(self) -> None:
@@ -438,6 +472,9 @@ class Book:
         h[itch.OrderReplace] = lambda m: self.replace(
             m.original_order_reference_number, m.new_order_reference_number, m.price, m.shares
         )
+        h[itch.Trade] = lambda m: self.hidden_trade(
+            m.stock_locate, m.price, m.shares, timestamp_ns=m.timestamp_ns,
+            match_number=m.match_number)  # fmt: skip
         h[itch.SystemEvent] = lambda m: self.system_event(m.event_code)
         h[itch.StockTradingAction] = lambda m: self.set_trading_state(
             m.stock_locate, m.trading_state
@@ -507,9 +544,3 @@ class Book:
             raise BookInvariantError(
                 f"level {level.price}: total {level.shares} != sum of orders {total}"
             )
-
-
-def _text(value: str | bytes | int) -> str:
-    if isinstance(value, int):
-        return chr(value)
-    return value.decode("latin-1") if isinstance(value, bytes) else value

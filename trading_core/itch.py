@@ -468,13 +468,16 @@ def decode(buf: bytes | bytearray | memoryview, offset: int = 0) -> Message:
             offset,
         )
     values = codec.packer.unpack_from(buf, offset)
+    timestamp_ns = (values[3] << 32) | values[4]
+    if not codec.alpha_widths:  # the hot order messages (E, X, D, U) are integers only
+        return codec.cls(values[1], values[2], timestamp_ns, *values[5:])
     body: list[object] = list(values[5:])
     for index, width in codec.alpha_widths:
         raw: bytes = body[index]  # type: ignore[assignment]
         # latin-1 maps every byte to one code point, so decode never fails and encode inverts it.
         text = raw.decode("latin-1")
         body[index] = text.rstrip(" ") if width > 1 else text
-    return codec.cls(values[1], values[2], (values[3] << 32) | values[4], *body)  # type: ignore[arg-type]
+    return codec.cls(values[1], values[2], timestamp_ns, *body)  # type: ignore[arg-type]
 
 
 def encode(msg: Message) -> bytes:

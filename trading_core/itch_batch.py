@@ -81,6 +81,7 @@ _SPEC_LENGTH = np.zeros(256, dtype=np.uint8)
 for _type, _length in itch.MESSAGE_LENGTHS.items():
     _SPEC_LENGTH[_type[0]] = _length
 _MIN_LENGTH = min(itch.MESSAGE_LENGTHS.values())
+FRAME_WINDOW = 1 << 18  # bytes framed per numpy pass
 _MAX_LENGTH = max(itch.MESSAGE_LENGTHS.values())
 
 
@@ -96,7 +97,28 @@ def frame_starts(
     Returns (prefix offsets, end of the run). The run stops at the first frame that is not
     ``prefix == spec length of its type`` and complete before ``end``: a zero prefix, a wrong
     length, an unknown type, garbage or a partial frame. Empty run: (empty, start).
+    Works window by window so that temporaries stay small and cache-resident; windows start
+    small and grow, so a run that breaks early (a damaged file) costs little.
     """
+    stop = len(buf) if end is None else min(end, len(buf))
+    runs: list[npt.NDArray[np.int64]] = []
+    position, window = start, 1 << 12
+    while position < stop:
+        prefixes, run_end = _frame_window(buf, position, min(position + window, stop))
+        if run_end == position:
+            break  # a bad frame right here
+        runs.append(prefixes)
+        position = run_end
+        window = min(window * 4, FRAME_WINDOW)
+    if not runs:
+        return np.zeros(0, dtype=np.int64), start
+    return np.concatenate(runs), position
+
+
+def _frame_window(
+    buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+) -> tuple[npt.NDArray[np.int64], int]:
+    """``frame_starts`` on one window: temporaries are a few bytes per window byte."""
     data = _as_array(buf)
     stop = len(data) if end is None else min(end, len(data))
     window = data[start:stop]

@@ -202,8 +202,10 @@ class _Framer:
         """
         size = len(self.buf)
         unconfirmed: tuple[int, int] | None = None  # (start, end) of the first one
+        step = 1 << 9  # damage is usually short: look close first, then further
         while search_from < search_to:
-            window_end = min(search_to, search_from + (1 << 16))
+            window_end = min(search_to, search_from + step)
+            step = min(step * 8, 1 << 16)
             window = np.frombuffer(self.buf, dtype=np.uint8)[search_from : window_end + 2]
             prefix = (window[:-2].astype(np.int64) << 8) | window[1:-1]
             spec = _SPEC_TABLE[window[2:]]

@@ -1,6 +1,6 @@
 """Synthetic ITCH 5.0 trading day: deterministic per seed, many symbols, a realistic message mix.
 
-The day follows the spec's system event sequence (section 4.1: O, S, Q, M, E, C), a stock
+The day follows the spec's system event sequence (section 1.1: O, S, Q, M, E, C), a stock
 directory (R) and a trading action (H "T") per symbol before the open, one halt, quotation-only
 period and resume in market hours, then order flow: adds dominate, deletes and partial cancels
 follow, with executions at the touch, replaces, a few executions with price (C) and hidden-order
@@ -217,8 +217,8 @@ class _Generator:
         if s.halted and kind not in ("delete", "cancel"):
             kind = "delete" if live else "add"
         if s.halted and kind == "add":
-            # A symbol halted with an empty book only has deletes to wait for; add a deep order
-            # (accepted during a halt, it cannot cross anything).
+            # Halted with an empty book there is nothing to delete; orders are still accepted
+            # during a halt, and a passive one cannot cross.
             return self._add(s, ts, u, passive_only=True)
         if s.quoting_only and kind in ("execute", "execute_price", "trade"):
             kind = "add"
@@ -391,5 +391,45 @@ def write_moldudp64(
     session: str = "TAILSIGHT0",
     max_payload: int = 1400,
 ) -> int:
-    """Write the day as MoldUDP64 packets, each behind a 2-byte length; returns the packet count."""
-    raise NotImplementedError
+    """Write the day as MoldUDP64 packets (sequence from 1, then end of session); returns the count.
+
+    Each packet sits behind a 2-byte big-endian length, standing in for UDP datagram boundaries.
+    """
+    from tailsight.trading_core.itch import encode
+    from tailsight.trading_core.moldudp64 import (
+        MoldPacket,
+        decode_packet,
+        encode_packet,
+        pack_messages,
+    )
+
+    def write_to(sink: BinaryIO) -> int:
+        written = 0
+
+        def put(packet: bytes) -> None:
+            nonlocal written
+            sink.write(len(packet).to_bytes(2, "big") + packet)
+            written += 1
+
+        sequence = 1
+        carry: list[bytes] = []  # the last, possibly part-full packet of a group, re-packed
+        group: list[bytes] = []
+        for msg in generate_day(seed, symbols, messages):
+            group.append(encode(msg))
+            if len(group) < 10_000:
+                continue
+            packets = pack_messages(session, sequence, carry + group, max_payload)
+            for packet in packets[:-1]:
+                put(packet)
+            last = decode_packet(packets[-1])
+            sequence, carry, group = last.sequence_number, list(last.messages), []
+        for packet in pack_messages(session, sequence, carry + group, max_payload):
+            put(packet)
+            sequence = decode_packet(packet).next_sequence_number
+        put(encode_packet(MoldPacket(session, sequence, (), end_of_session=True)))
+        return written
+
+    if isinstance(target, str | Path):
+        with open(target, "wb") as sink:
+            return write_to(sink)
+    return write_to(target)

@@ -196,9 +196,10 @@ class MoldReceiver:
     duplicates: int = 0
     foreign_packets: int = 0
     dropped_held: int = 0
-    _held: dict[int, bytes] = field(default_factory=dict)
-    _held_order: list[int] = field(default_factory=list)  # min-heap of held sequences
-    _highest_seen: int = 0  # one past the highest sequence known to exist
+    _held: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
+    # Min-heap of held sequences (entries already released are skipped lazily).
+    _held_order: list[int] = field(default_factory=list, init=False, repr=False)
+    _highest_seen: int = field(default=0, init=False)  # one past the highest known to exist
 
     @property
     def complete(self) -> bool:

@@ -36,6 +36,8 @@ class NaiveBook:
             return self.execute(
                 msg.order_reference_number, msg.executed_shares, msg.execution_price
             )
+        elif kind == "Trade":
+            return (msg.price, msg.shares, "N")
         elif kind == "OrderCancel":
             self.cancel(msg.order_reference_number, msg.cancelled_shares)
         elif kind == "OrderDelete":

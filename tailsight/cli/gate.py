@@ -75,9 +75,7 @@ def render(result: GateResult, width: int = VIEW_WIDTH) -> None:
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for c in rows:
             interval = (
-                "-"
-                if math.isnan(c.ratio_low)
-                else f"{_ratio(c.ratio_low)}-{_ratio(c.ratio_high)}"
+                "-" if math.isnan(c.ratio_low) else f"{_ratio(c.ratio_low)}-{_ratio(c.ratio_high)}"
             )
             table.add_row(
                 quantile_name(c.quantile),
@@ -102,11 +100,15 @@ def render(result: GateResult, width: int = VIEW_WIDTH) -> None:
 def gate(
     baseline: Annotated[
         list[Path],
-        typer.Option("--baseline", "-b", metavar="RUNS", help="baseline run file or directory (repeatable)"),
+        typer.Option(
+            "--baseline", "-b", metavar="RUNS", help="baseline run file or directory (repeatable)"
+        ),
     ],
     candidate: Annotated[
         list[Path],
-        typer.Option("--candidate", "-c", metavar="RUNS", help="candidate run file or directory (repeatable)"),
+        typer.Option(
+            "--candidate", "-c", metavar="RUNS", help="candidate run file or directory (repeatable)"
+        ),
     ],
     series: Annotated[
         str, typer.Option(help="label filter, e.g. probe=replay,stage=tick_to_trade")

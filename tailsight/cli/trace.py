@@ -164,6 +164,18 @@ def render(document: HistDocument, title: str, top: int = 5) -> RenderableType:
     return Group(waits, pairs, footer)
 
 
+def wait_until(session: Session, duration_s: float | None, interval_s: float) -> None:
+    """Sleep for the duration (or until Ctrl-C), refreshing the cgroup filter every interval."""
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            remaining = interval_s if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(interval_s, remaining)))
+            session.refresh_filter()
+    except KeyboardInterrupt:
+        pass
+
+
 def run_live(
     session: Session,
     duration_s: float | None,
@@ -227,14 +239,7 @@ def trace(
         raise typer.Exit(1)
     try:
         if json_output:
-            try:
-                if duration is not None:
-                    time.sleep(duration)
-                else:
-                    while True:
-                        time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+            wait_until(session, duration, interval)
             sys.stdout.write(session.document().dumps())
             return
         console = Console(width=min(Console().width, VIEW_WIDTH))

@@ -30,6 +30,8 @@ def test_resolves_ids_to_relative_paths(tmp_path: Path) -> None:
     assert resolver.walks == 1  # cached
     assert resolver.id_of("a/b/") == expected["/a/b"]
     assert set(resolver.subtree_ids("/a/b").values()) == {"/a/b", "/a/b/c"}  # not /a/bc
+    assert resolver.subtree_ids("/") == by_id
+    assert resolver.subtree_ids("/nope") == {}
 
 
 def test_unknown_and_new_cgroups(tmp_path: Path) -> None:

@@ -90,22 +90,27 @@ def test_wait_matches_schedstat_and_names_the_neighbour(probe: RunQueueProbe) ->
         groups = {victim: workload.pids("victim"), neighbour: workload.pids("neighbour")}
 
     interval = after - before
+    lost = 0
     for cgroup_id, members in groups.items():
         run_delay_ns = sum(stats_after[p][0] - stats_before[p][0] for p in members)
         timeslices = sum(stats_after[p][1] - stats_before[p][1] for p in members)
         hist = interval.wait[cgroup_id]
         assert run_delay_ns > 0.3e9 * len(members)  # they really were contending
         assert hist.sum_ns == pytest.approx(run_delay_ns, rel=0.02)
-        # switch-ins: the kernel also counts arrivals it had no queue stamp for (delta 0, e.g.
-        # a task preempted while already marked stopped); a few per hundred are seen here.
-        assert abs(hist.count - timeslices) <= max(3, 0.04 * timeslices)
+        assert hist.count <= timeslices + 2
+        lost += timeslices - hist.count
         # every recorded wait was charged to exactly one (victim, aggressor) pair
         charged = [w for (v, _), w in interval.displaced.items() if v == cgroup_id]
         assert sum(w.wait_ns for w in charged) == hist.sum_ns
         assert sum(w.switches for w in charged) == hist.count
+    # Switch-ins the kernel counted and the probe did not: only waits that ended in a switch the
+    # tracepoint never reported (on the dev VM some switches out of the sandbox agent's threads
+    # do not reach it), which the probe counts as lost.
+    assert lost <= interval.dropped["untraced_switch"] + 2
     assert interval.displaced[(victim, neighbour)].wait_ns > 1e6
     assert interval.displaced[(neighbour, victim)].wait_ns > 1e6
-    assert sum(interval.dropped.values()) == 0
+    assert interval.dropped["stamp_update"] == interval.dropped["hist_full"] == 0
+    assert interval.dropped["pair_full"] == 0
 
 
 @pytest.mark.kernel

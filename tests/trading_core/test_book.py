@@ -1,6 +1,6 @@
 """Unit tests of the L3 book: queue priority, each message type, faults, debug invariants.
 
-Expected values are written out by hand from the ITCH 5.0 semantics (section 4.3-4.5), and a
+Expected values are written out by hand from the ITCH 5.0 semantics (sections 1.3-1.5), and a
 hypothesis state machine drives random operation sequences against the naive reference book.
 """
 
@@ -99,13 +99,29 @@ def test_execute_with_price_reports_message_price_and_printable() -> None:
     msg = itch.OrderExecutedWithPrice(AAPL, 0, 77, 1, 40, 3, "N", 1_000_500)
     trade = book.apply(msg)
     assert trade is not None
-    assert (trade.price, trade.shares, trade.printable, trade.match_number) == (
+    assert (trade.kind, trade.price, trade.shares, trade.printable, trade.match_number) == (
+        "C",
         1_000_500,
         40,
         False,
         3,
     )
     assert book.top_of_book(AAPL) == TopOfBook(1_000_000, 60, 0, 0)
+
+
+def test_hidden_trade_is_reported_and_leaves_the_book_alone() -> None:
+    book = _book()
+    book.add(AAPL, 1, "B", 1_000_000, 100)
+    trade = book.apply(itch.Trade(AAPL, 0, 9, 0, "B", 300, "AAPL", 1_000_100, 12))
+    assert trade is not None
+    assert (trade.kind, trade.price, trade.shares, trade.aggressor_side) == (
+        "P",
+        1_000_100,
+        300,
+        "N",
+    )
+    assert (trade.match_number, trade.timestamp_ns, trade.resting_ref) == (12, 9, 0)
+    assert book.top_of_book(AAPL) == TopOfBook(1_000_000, 100, 0, 0)
 
 
 def test_apply_dispatches_every_book_message_through_the_codec() -> None:

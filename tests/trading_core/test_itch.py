@@ -18,6 +18,7 @@ def test_message_lengths_match_the_spec_tables() -> None:
     assert itch.MESSAGE_LENGTHS == ITCH_SPEC_LENGTHS
     assert set(itch.MESSAGE_CLASSES) == set(ITCH_SPEC_LENGTHS)
     assert len(ITCH_SPEC_LENGTHS) == 23
+    assert {wire[:1] for wire, _ in ITCH_VECTORS} == set(ITCH_SPEC_LENGTHS)  # a vector per type
 
 
 @pytest.mark.parametrize(("wire", "record"), ITCH_VECTORS, ids=lambda v: type(v).__name__)

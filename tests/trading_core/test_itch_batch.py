@@ -77,16 +77,17 @@ def test_batch_equals_per_message_decoder(records: list[itch.Message]) -> None:
         st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=6)), max_size=3
     ),
     start=st.integers(0, 4),
+    end=st.none() | st.integers(0, 2000),
 )
 def test_vectorized_framing_equals_the_scalar_loop(
-    records: list[itch.Message], damage: list[tuple[int, bytes]], start: int
+    records: list[itch.Message], damage: list[tuple[int, bytes]], start: int, end: int | None
 ) -> None:
     buffer = bytearray(framed(records))
     for position, junk in damage:
         at = position % (len(buffer) + 1)
         buffer[at:at] = junk
-    fast_starts, fast_end = itch_batch.frame_starts(bytes(buffer), start)
-    slow_starts, slow_end = itch_batch.frame_starts_scalar(bytes(buffer), start)
+    fast_starts, fast_end = itch_batch.frame_starts(bytes(buffer), start, end)
+    slow_starts, slow_end = itch_batch.frame_starts_scalar(bytes(buffer), start, end)
     assert fast_starts.tolist() == slow_starts.tolist()
     assert fast_end == slow_end
 

@@ -13,13 +13,12 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+import itch_book
 import numpy as np
 import pytest
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.market import generate_day, write_day
-
-itch_book = pytest.importorskip("itch_book")
 
 SEED, SYMBOLS, MESSAGES = 20260105, 6, 40_000
 
@@ -80,27 +79,26 @@ def test_every_top_of_book_change_matches(reference: Any, replay: Any) -> None:
 
 
 def test_trades_match(reference: Any, replay: Any) -> None:
-    """E and printable C prints: same message, price, size; itch-book's side is the resting side."""
+    """Every print (E, printable C, P): same message, price, size, side (resting side; N for P)."""
     _, batch, _ = reference
     _, _, trades = replay
     t = batch.trades
-    kinds = t["kind"]
-    rows = [
-        (seq, locate, price, size, side.decode())
+    columns = ("seq", "locate", "price", "size", "side", "kind")
+    theirs = [
+        (seq, locate, price, size, side.decode(), kind.decode())
         for seq, locate, price, size, side, kind in zip(
-            t["seq"].tolist(), t["locate"].tolist(), t["price"].tolist(), t["size"].tolist(),
-            t["side"].tolist(), kinds.tolist(), strict=True,
+            *(t[c].tolist() for c in columns), strict=True
         )
-        if kind in (b"E", b"C")
-    ]  # fmt: skip
-    resting = {"B": "S", "S": "B"}
+    ]
+    resting = {"B": "S", "S": "B", "N": "N"}
     ours = [
-        (seq, e.locate, e.price, e.shares, resting[e.aggressor_side])
+        (seq, e.locate, e.price, e.shares, resting[e.aggressor_side], e.kind)
         for seq, e in trades
         if e.printable
     ]
+    assert {row[-1] for row in ours} == {"E", "C", "P"}
     assert len(ours) > 1000
-    assert rows == ours
+    assert theirs == ours
 
 
 def test_feed_statistics_agree(reference: Any, replay: Any) -> None:

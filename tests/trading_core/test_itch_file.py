@@ -216,6 +216,19 @@ def test_plain_file_starting_like_gzip_is_read_as_plain(tmp_path: Path) -> None:
     assert report.counts == {IssueKind.GARBAGE: 1}
 
 
+def test_a_lined_up_unknown_frame_does_not_swallow_real_frames(tmp_path: Path) -> None:
+    # Found by hypothesis: "00 07 00" reads as a 7-byte unknown-type frame that lines up (through
+    # the zero bytes of the Order Delete body) with the frames after it; taking it would drop the
+    # Order Delete whose well-formed header starts inside it.
+    delete = frame(itch.encode(itch.OrderDelete(0, 0, 0, 0)))
+    event = frame(itch.encode(itch.SystemEvent(0, 0, 0, "0")))
+    path = tmp_path / "zeros.itch"
+    path.write_bytes(b"\x00\x07\x00\x00\x00" + delete + b"\x00" + event * 3)
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == [delete[2:]] + [event[2:]] * 3
+    assert not report.clean
+
+
 def test_file_of_garbage_only(tmp_path: Path) -> None:
     path = tmp_path / "noise.itch"
     path.write_bytes(bytes(range(256)) * 40)

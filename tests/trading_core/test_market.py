@@ -5,13 +5,21 @@ The book-level checks use the naive reference book, not the ``Book`` the generat
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from tailsight.trading_core import itch
 from tailsight.trading_core.itch_file import FramingReport, iter_itch
-from tailsight.trading_core.market import TICK, generate_day, symbol_names, write_day
+from tailsight.trading_core.market import (
+    TICK,
+    generate_day,
+    symbol_names,
+    write_day,
+    write_moldudp64,
+)
+from tailsight.trading_core.moldudp64 import MoldReceiver, decode_packet
 from tailsight.trading_core.naive_book import NaiveBook
 
 ORDER_TYPES = itch.AddOrder | itch.AddOrderMPID
@@ -130,3 +138,37 @@ def test_write_day_round_trips_through_itch_file(tmp_path: Path) -> None:
         report = FramingReport()
         assert [raw for _, raw in iter_itch(tmp_path / name, report)] == expected
         assert report.clean
+
+
+def test_write_moldudp64_packets_carry_the_day_in_sequence(tmp_path: Path) -> None:
+    expected = [itch.encode(m) for m in generate_day(4, symbols=3, messages=25_000)]
+    path = tmp_path / "day.mold"
+    count = write_moldudp64(
+        path, seed=4, symbols=3, messages=25_000, session="DAY4", max_payload=1000
+    )
+    data = path.read_bytes()
+    packets, offset = [], 0
+    while offset < len(data):
+        length = int.from_bytes(data[offset : offset + 2], "big")
+        packets.append(data[offset + 2 : offset + 2 + length])
+        offset += 2 + length
+    assert offset == len(data) and len(packets) == count
+    assert max(len(p) for p in packets) <= 1000
+    receiver = MoldReceiver()
+    delivered: list[tuple[int, bytes]] = []
+    for raw in packets:
+        delivery = receiver.on_packet(raw)
+        assert delivery.request is None  # no gap anywhere
+        delivered += delivery.messages
+    assert [seq for seq, _ in delivered] == list(range(1, len(expected) + 1))
+    assert [msg for _, msg in delivered] == expected
+    last = decode_packet(packets[-1])
+    assert last.end_of_session and last.sequence_number == len(expected) + 1
+    assert {decode_packet(p).session for p in packets} == {"DAY4"}
+    # Packets are full except at the end: the 10k-message groups leave no half-empty packets.
+    sizes = [len(p) for p in packets[:-2]]
+    assert min(sizes) > 1000 - 2 - max(itch.MESSAGE_LENGTHS.values())
+    stream = io.BytesIO()
+    assert write_moldudp64(stream, seed=4, symbols=3, messages=25_000, session="DAY4",
+                           max_payload=1000) == count  # fmt: skip
+    assert stream.getvalue() == data

@@ -84,6 +84,66 @@ ITCH_LULD_AUCTION_COLLAR = b"".join(
     ]
 )
 
+ITCH_REG_SHO = b"".join(
+    [
+        b"Y",  # 0  Message Type "Y" (1.2.3 Reg SHO Short Sale Price Test Restricted Indicator)
+        H("00 0c"),  # 1  Stock Locate = 12
+        H("00 00"),  # 3  Tracking Number
+        H("1f 1a ce d9 f0 00"),  # 5  Timestamp = 09:30:00
+        b"AAPL    ",  # 11 Stock
+        b"1",  # 19 Reg SHO Action = restriction in effect (intra-day price drop)
+    ]
+)
+
+ITCH_MARKET_PARTICIPANT_POSITION = b"".join(
+    [
+        b"L",  # 0  Message Type "L" (1.2.4)
+        H("00 0c"),  # 1  Stock Locate
+        H("00 00"),  # 3  Tracking Number
+        H("1f 1a ce d9 f0 00"),  # 5  Timestamp
+        b"GSCO",  # 11 MPID (4 alpha)
+        b"AAPL    ",  # 15 Stock
+        b"Y",  # 23 Primary Market Maker = Y
+        b"N",  # 24 Market Maker Mode = normal
+        b"A",  # 25 Market Participant State = active
+    ]
+)
+
+ITCH_MWCB_STATUS = b"".join(
+    [
+        b"W",  # 0  Message Type "W" (1.2.5.2 MWCB Status)
+        H("00 00"),  # 1  Stock Locate = 0
+        H("00 00"),  # 3  Tracking Number
+        H("1f 1a ce d9 f0 00"),  # 5  Timestamp
+        b"1",  # 11 Breached Level = 1
+    ]
+)
+
+ITCH_QUOTING_PERIOD_UPDATE = b"".join(
+    [
+        b"K",  # 0  Message Type "K" (1.2.6 IPO Quoting Period Update)
+        H("00 0c"),  # 1  Stock Locate
+        H("00 00"),  # 3  Tracking Number
+        H("1f 1a ce d9 f0 00"),  # 5  Timestamp
+        b"NEWCO   ",  # 11 Stock
+        H("00 00 8c a0"),  # 19 IPO Quotation Release Time = 36,000 s since midnight (10:00)
+        b"A",  # 23 IPO Quotation Release Qualifier = anticipated
+        H("00 1b 77 40"),  # 24 IPO Price, Price(4) = 180.0000
+    ]
+)
+
+ITCH_OPERATIONAL_HALT = b"".join(
+    [
+        b"h",  # 0  Message Type "h" (1.2.8 Operational Halt)
+        H("00 0c"),  # 1  Stock Locate
+        H("00 00"),  # 3  Tracking Number
+        H("1f 1a ce d9 f0 00"),  # 5  Timestamp
+        b"AAPL    ",  # 11 Stock
+        b"Q",  # 19 Market Code = Nasdaq
+        b"H",  # 20 Operational Halt Action = halted
+    ]
+)
+
 ITCH_ADD_ORDER = b"".join(
     [
         b"A",  # 0  Message Type "A" (1.3.1 Add Order, no MPID)
@@ -324,6 +384,17 @@ ITCH_VECTORS: list[tuple[bytes, itch.Message]] = [
             2_160_000,
         ),
     ),
+    (ITCH_REG_SHO, itch.RegSHORestriction(12, 0, T_0930, "AAPL", "1")),
+    (
+        ITCH_MARKET_PARTICIPANT_POSITION,
+        itch.MarketParticipantPosition(12, 0, T_0930, "GSCO", "AAPL", "Y", "N", "A"),
+    ),
+    (ITCH_MWCB_STATUS, itch.MWCBStatus(0, 0, T_0930, "1")),
+    (
+        ITCH_QUOTING_PERIOD_UPDATE,
+        itch.QuotingPeriodUpdate(12, 0, T_0930, "NEWCO", 36_000, "A", 1_800_000),
+    ),
+    (ITCH_OPERATIONAL_HALT, itch.OperationalHalt(12, 0, T_0930, "AAPL", "Q", "H")),
 ]
 
 # Total lengths from the spec tables (offset of the last field + its length), per type byte.

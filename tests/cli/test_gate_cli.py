@@ -1,0 +1,123 @@
+"""``tailsight gate`` through typer's CliRunner on run files written with HistDocument.write: exit
+codes 0/1/3 against the generator's known effect, 2 for bad input, JSON, the 80-column view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
+from typer.testing import CliRunner
+
+from tailsight.cli.main import app
+
+runner = CliRunner()
+MODEL = LatencyModel()
+CALM = RunNoise(scale_sigma=0.01, noisy_run_prob=0.0, events_per_run=200_000)
+
+
+def _write_runs(folder: Path, model: LatencyModel, runs: int, seed: int) -> Path:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for n, document in enumerate(simulate_runs(model, runs, rng, CALM)):
+        document.write(folder / f"run{n:02d}.json")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    return {
+        "base": _write_runs(root / "base", MODEL, 10, 1),
+        "worse": _write_runs(root / "worse", MODEL.with_tail_ratio(1.3), 10, 2),
+        "better": _write_runs(root / "better", MODEL.with_tail_ratio(0.9), 10, 3),
+        "few": _write_runs(root / "few", MODEL, 3, 4),
+    }
+
+
+def _gate(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["gate", *args])
+    return result.exit_code, result.output
+
+
+def test_regression_exits_1_and_names_the_quantile(runs: dict[str, Path]) -> None:
+    code, output = _gate("-b", str(runs["base"]), "-c", str(runs["worse"]))
+    assert code == 1, output
+    assert "REGRESSION" in output and "p99" in output
+    assert max(len(line) for line in output.splitlines()) <= 80
+
+
+def test_improvement_exits_0(runs: dict[str, Path]) -> None:
+    code, output = _gate("-b", str(runs["base"]), "-c", str(runs["better"]))
+    assert code == 0, output
+    assert "PASS" in output
+
+
+def test_too_few_runs_exits_3_and_says_how_many(runs: dict[str, Path]) -> None:
+    code, output = _gate("-b", str(runs["base"]), "-c", str(runs["few"]))
+    assert code == 3, output
+    assert "at least 5" in output
+
+
+def test_json_is_deterministic_for_a_seed_and_matches_the_exit_code(
+    runs: dict[str, Path],
+) -> None:
+    args = ["-b", str(runs["base"]), "-c", str(runs["worse"]), "--json", "--seed", "3"]
+    code, output = _gate(*args)
+    again_code, again = _gate(*args)
+    assert code == again_code == 1 and output == again
+    report = json.loads(output)
+    assert report["format"] == "tailsight.gate/1"
+    assert report["outcome"] == "regression" and report["exit_code"] == 1
+    assert report["baseline"]["runs"] == 10 and report["candidate"]["runs"] == 10
+    by_name = {c["name"]: c for c in report["comparisons"]}
+    assert set(by_name) == {"p50", "p99", "p99.9"}
+    assert by_name["p99"]["outcome"] == "regression"
+    assert by_name["p99"]["ratio"] == pytest.approx(1.3, rel=0.03)  # the generator's effect
+    assert by_name["p50"]["outcome"] == "pass"  # the tail-only regression leaves the body
+
+
+def test_files_can_be_listed_one_by_one_and_series_selected(runs: dict[str, Path]) -> None:
+    files = sorted(runs["worse"].glob("*.json"))
+    args = ["-b", str(runs["base"]), "--quantiles", "0.99", "--series", "probe=replay"]
+    for file in files:
+        args += ["-c", str(file)]
+    code, output = _gate(*args, "--json")
+    assert code == 1
+    report = json.loads(output)
+    assert report["candidate"]["files"] == [str(f) for f in files]
+    assert [c["name"] for c in report["comparisons"]] == ["p99"]
+
+
+def test_wrong_version_file_exits_2_with_a_clear_message(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.json"
+    text = (runs["base"] / "run00.json").read_text().replace("tailsight.hist/1", "tailsight.hist/2")
+    bad.write_text(text)
+    code, output = _gate("-b", str(runs["base"]), "-c", str(bad))
+    assert code == 2
+    assert "bad.json" in output and "tailsight.hist/2" in output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--series", "probe=nothing"], "no series matches"),
+        (["--series", "probe"], "not name=value"),
+        (["--quantiles", "1.5"], "outside (0, 1)"),
+    ],
+)
+def test_usage_errors_exit_2(runs: dict[str, Path], extra: list[str], message: str) -> None:
+    code, output = _gate("-b", str(runs["base"]), "-c", str(runs["better"]), *extra)
+    assert code == 2 and message in output
+
+
+def test_missing_path_and_empty_directory_exit_2(runs: dict[str, Path], tmp_path: Path) -> None:
+    code, output = _gate("-b", str(runs["base"]), "-c", str(tmp_path / "nope"))
+    assert code == 2 and "no such file" in output
+    (tmp_path / "empty").mkdir()
+    code, output = _gate("-b", str(runs["base"]), "-c", str(tmp_path / "empty"))
+    assert code == 2 and "no *.json" in output
