@@ -11,6 +11,10 @@ Faults never crash outside ``debug`` mode; they are counted in ``Book.errors`` a
 of the ``itch-book`` reference so the two books agree on imperfect feeds: an unknown reference is
 ignored, an add or replace onto a live reference evicts the stale order first, an execution or
 cancel larger than the order is clamped, and zero-share or zero-price adds are rejected.
+``debug=True`` turns faults into ``BookInvariantError`` and checks level totals on every change and
+an uncrossed book in continuous trading: market hours (system events Q to M) with the symbol in
+state T. Halts and quotation-only periods can lock or cross a book legitimately, so the check skips
+them, and pre- and post-market too, to stay safe on real feeds.
 """
 
 from __future__ import annotations

@@ -210,17 +210,19 @@ def test_check_invariants_detects_corrupt_level_total() -> None:
 
 _op = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 2), st.integers(1, 40), st.sampled_from("BS"),
-              st.integers(1, 5), st.integers(1, 500)),
+              st.integers(1, 3), st.integers(1, 500)),
+    st.tuples(st.just("add"), st.integers(1, 2), st.integers(1, 40), st.sampled_from("BS"),
+              st.integers(1, 3), st.integers(1, 500)),
     st.tuples(st.just("execute"), st.integers(1, 40), st.integers(1, 600)),
     st.tuples(st.just("cancel"), st.integers(1, 40), st.integers(1, 600)),
     st.tuples(st.just("delete"), st.integers(1, 40)),
-    st.tuples(st.just("replace"), st.integers(1, 40), st.integers(1, 40), st.integers(1, 5),
+    st.tuples(st.just("replace"), st.integers(1, 40), st.integers(1, 40), st.integers(1, 3),
               st.integers(0, 500)),
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(_op, max_size=120))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_op, min_size=10, max_size=150))
 def test_random_operations_match_naive_book(ops: list[tuple[Any, ...]]) -> None:
     """Any operation sequence, faults included (unknown, duplicate, oversized), vs brute force."""
     book, naive = Book(), NaiveBook()
@@ -244,6 +246,9 @@ def test_random_operations_match_naive_book(ops: list[tuple[Any, ...]]) -> None:
             getattr(naive, name)(*args)
         for locate in (1, 2):
             assert tuple(book.top_of_book(locate)) == naive.top_of_book(locate)
+            for side in "BS":
+                for price, _, _ in naive.levels(locate, side):
+                    assert book.queue(locate, side, price) == naive.queue(locate, side, price)
     book.check_invariants()
     assert book.errors == naive.errors
     for locate in (1, 2):
@@ -251,6 +256,3 @@ def test_random_operations_match_naive_book(ops: list[tuple[Any, ...]]) -> None:
         assert ([tuple(lv) for lv in depth.bids], [tuple(lv) for lv in depth.asks]) == tuple(
             naive.depth(locate, 50)
         )
-        for side in "BS":
-            for price, _, _ in naive.levels(locate, side):
-                assert book.queue(locate, side, price) == naive.queue(locate, side, price)

@@ -10,6 +10,7 @@ compare whole trajectories, not only the final top of book.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, TradeEvent
+from tailsight.trading_core.itch_file import write_itch
 from tailsight.trading_core.market import generate_day, write_day
 
 SEED, SYMBOLS, MESSAGES = 20260105, 6, 40_000
@@ -117,3 +119,49 @@ def test_feed_statistics_agree(reference: Any, replay: Any) -> None:
     assert stats["replaces"] == kinds["U"]
     framed_bytes = sum(n * (2 + itch.MESSAGE_LENGTHS[k.encode()]) for k, n in kinds.items())
     assert path.stat().st_size == framed_bytes
+
+
+def test_faulty_feed_same_book_and_fault_counts(tmp_path: Path) -> None:
+    """Unknown refs, duplicate adds, oversized executes/cancels, zero-share adds: both books apply
+    the same rules, so every top-of-book change and every fault count agrees."""
+    rng = np.random.default_rng(3)
+    messages: list[itch.Message] = []
+    for msg in generate_day(17, symbols=3, messages=10_000):
+        messages.append(msg)
+        roll = rng.random()
+        if isinstance(msg, itch.AddOrder) and roll < 0.03:
+            messages.append(replace(msg, shares=msg.shares + 7))  # same live reference again
+        elif isinstance(msg, itch.AddOrder) and roll < 0.05:
+            messages.append(replace(msg, order_reference_number=10**9 + len(messages), shares=0))
+        elif isinstance(msg, itch.OrderDelete) and roll < 0.05:
+            messages.append(msg)  # already gone: unknown reference
+        elif isinstance(msg, itch.OrderCancel) and roll < 0.3:
+            messages[-1] = replace(msg, cancelled_shares=10**6)
+        elif isinstance(msg, itch.OrderExecuted) and roll < 0.2:
+            messages[-1] = replace(msg, executed_shares=10**6)
+    path = tmp_path / "faulty.itch"
+    write_itch(path, messages)
+    feed = itch_book.open(str(path), date=dt.date(2026, 1, 5), price_type="fixed")
+    (batch,) = feed.batches(tables=("bbo",), rows=10**9)
+    stats = feed.stats
+    assert stats is not None
+
+    book, last, ours = Book(), {}, []
+    for seq, msg in enumerate(messages, start=1):
+        book.apply(msg)
+        locate = msg.stock_locate
+        if locate and locate in book.books:
+            top = tuple(book.top_of_book(locate))
+            if top != last.get(locate, (0, 0, 0, 0)):
+                ours.append((seq, locate, *top))
+                last[locate] = top
+    columns = ("seq", "locate", "bid_px", "bid_sz", "ask_px", "ask_sz")
+    theirs = list(zip(*(batch.bbo[c].tolist() for c in columns), strict=True))
+    assert theirs == ours
+    errors = book.errors
+    assert min(errors.values()) > 10 and len(errors) == 5
+    assert stats["missing_ref"] == errors["unknown_ref"]
+    assert stats["dup_ref"] == errors["duplicate_ref"]
+    assert stats["rejected"] == errors["rejected_add"]
+    assert stats["clamped"] == errors["oversized_execute"] + errors["oversized_cancel"]
+    assert stats["live_orders"] == len(book.orders)
