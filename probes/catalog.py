@@ -1,5 +1,26 @@
-"""Which raw tracepoints each probe attaches to: read by the probes, `doctor` and the docs."""
+"""The probes by name: raw tracepoints each attaches to (read by `doctor` and the docs) and the
+class implementing it (imported only when used, so the CLI starts fast)."""
 
-PROBE_TRACEPOINTS: dict[str, tuple[str, ...]] = {
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from tailsight.probes.base import Probe
+
+PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
     "runqueue": ("sched_wakeup", "sched_wakeup_new", "sched_switch"),
 }
+PROBE_CLASSES: Final[dict[str, str]] = {
+    "runqueue": "tailsight.probes.runqueue:RunQueueProbe",
+}
+
+
+def create_probe(name: str) -> Probe:
+    """A new, unattached probe by name; KeyError names the known ones."""
+    if name not in PROBE_CLASSES:
+        raise KeyError(f"unknown probe {name!r}; known: {sorted(PROBE_CLASSES)}")
+    module_name, class_name = PROBE_CLASSES[name].split(":")
+    probe: Probe = getattr(importlib.import_module(module_name), class_name)()
+    return probe
