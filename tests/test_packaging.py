@@ -11,7 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("probes", "collector", "analysis", "dashboards", "trading_core")
-IMPORT_ALL = "; ".join(["import tailsight.cli.main"] + [f"import tailsight.{p}" for p in SUBPACKAGES])
+IMPORT_ALL = "; ".join(
+    ["import tailsight.cli.main", *(f"import tailsight.{p}" for p in SUBPACKAGES)]
+)
 
 
 def run_python(code: str, cwd: Path, pythonpath: str | None = None) -> str:
@@ -25,19 +27,15 @@ def run_python(code: str, cwd: Path, pythonpath: str | None = None) -> str:
 @pytest.mark.slow
 def test_wheel_install_imports_every_subpackage_with_probe_sources(tmp_path: Path) -> None:
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheel_dir), str(REPO)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "-q"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(REPO)]
+    subprocess.run(build, check=True, capture_output=True)
     (wheel,) = wheel_dir.glob("tailsight-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "tailsight/probes/runqueue.bpf.c" in names
     assert "tailsight/probes/include/hist.bpf.h" in names
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    install = [*pip, "install", "--no-deps", "--target", str(target), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True)
     where = run_python(f"{IMPORT_ALL}; print(tailsight.probes.__file__)", tmp_path, str(target))
     assert Path(where).is_relative_to(target)
 
