@@ -29,6 +29,22 @@ KERNEL_FIELDS: dict[str, tuple[str, str]] = {
     "KERNFS_NODE_ID_OFF": ("kernfs_node", "id"),
 }
 
+# Read only by the probes that need them (not by task.bpf.h): each of those resolves them with
+# `resolve_offsets(fields=...)` and proves them on ground truth of its own at attach time, so a
+# kernel lacking one stops that probe alone.
+SOCK_FIELDS: dict[str, tuple[str, str]] = {
+    "SOCK_CGROUP_OFF": ("sock", "sk_cgrp_data.cgroup"),  # tcpstate: self-checked on a loopback
+    "SOCK_NUM_OFF": ("sock", "__sk_common.skc_num"),  # connect from a cgroup of known id
+    "SOCK_DPORT_OFF": ("sock", "__sk_common.skc_dport"),
+    "SOCK_PROTOCOL_OFF": ("sock", "sk_protocol"),
+}
+# The CPU a task is on: `thread_info.cpu` with THREAD_INFO_IN_TASK since 5.16, `task_struct.cpu`
+# before; the first that BTF has wins (migration self-checks it on its own migrated thread).
+TASK_CPU_CANDIDATES: tuple[tuple[str, str], ...] = (
+    ("task_struct", "thread_info.cpu"),
+    ("task_struct", "cpu"),
+)
+
 _CGROUP_ID_MACROS = (
     "TASK_CGROUPS_OFF",
     "CSS_SET_DFL_CGRP_OFF",

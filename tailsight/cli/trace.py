@@ -18,9 +18,8 @@ if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.hist import Histogram
     from tailsight.histfile import HistDocument
-    from tailsight.probes.runqueue import RunQueueProbe, RunQueueSnapshot
+    from tailsight.probes.base import Probe, Snapshot
 
-KNOWN_PROBES: Final = ("runqueue",)
 VIEW_WIDTH: Final = 80
 # Sparkline columns: exact coarse buckets (each an upper bound of the 5 µs model), then "more".
 SPARK_BOUNDS_NS: Final = (
@@ -37,8 +36,8 @@ class Session:
 
     resolver: CgroupResolver
     cgroup_filter: list[str]
-    probes: dict[str, RunQueueProbe] = field(default_factory=dict)
-    baseline: dict[str, RunQueueSnapshot] = field(default_factory=dict)
+    probes: dict[str, Probe] = field(default_factory=dict)
+    baseline: dict[str, Snapshot] = field(default_factory=dict)
     start_ns: int = 0
 
     def keep(self, path: str) -> bool:
@@ -59,12 +58,11 @@ class Session:
     def document(self) -> HistDocument:
         """Everything since the trace started, all probes in one document."""
         from tailsight.histfile import HistDocument
-        from tailsight.probes.runqueue import to_document
 
         merged = HistDocument(start_ns=self.start_ns, end_ns=time.time_ns())
         for name, probe in self.probes.items():
             interval = probe.read() - self.baseline[name]
-            doc = to_document(interval, self.start_ns, self.resolver.resolve_many, self.keep)
+            doc = interval.to_document(self.start_ns, self.resolver.resolve_many, self.keep)
             merged.series.extend(doc.series)
             merged.counters.extend(doc.counters)
             merged.end_ns = max(merged.end_ns, doc.end_ns)
@@ -82,7 +80,7 @@ def open_session(
     """Attach what can be attached (each failure reported through ``warn``)."""
     from tailsight.collector.cgroups import CgroupResolver, normalize
     from tailsight.probes.features import find_cgroup2_mount
-    from tailsight.probes.runqueue import RunQueueProbe
+    from tailsight.probes.catalog import create_probe
 
     resolver = CgroupResolver(find_cgroup2_mount())
     wanted = [normalize(c) for c in cgroups]
@@ -93,8 +91,9 @@ def open_session(
             )
     session = Session(resolver, wanted)
     for name in probes:
-        probe = RunQueueProbe(cgroup_ids=[] if wanted else None)
         try:
+            probe = create_probe(name)
+            probe.set_cgroup_filter([] if wanted else None)
             probe.attach()
         except Exception as error:  # ProbeError, OffsetCheckError, bcc's bare Exception
             warn(f"probe {name}: not attached: {error}")
