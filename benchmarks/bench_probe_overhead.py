@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     wakeup_ns, wakeups = wakeup_1[0] - wakeup_0[0], wakeup_1[1] - wakeup_0[1]
     if wakeups:
         print(f"runqueue sched_wakeup: {wakeup_ns / wakeups:8.1f} ns/event ({wakeups:,} wakeups)")
-    print(f"drops during the run: {sum(snapshot.dropped.values())}")
+    dropped = sum(
+        v for (name, _), v in snapshot.counters.items() if name.endswith("_dropped_events")
+    )
+    print(f"drops during the run: {dropped}")
     return 0
 
 

@@ -4,3 +4,14 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
     return 0;
 }
+
+/* Baselines for bench_netsyscall_overhead.py (sys_enter / sys_exit). */
+int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}

@@ -300,56 +300,66 @@ class Recording:
         since_ns: int | None = None,
         until_ns: int | None = None,
         labels: Mapping[str, str] | None = None,
-        documents: list[HistDocument] | None = None,
     ) -> list[SeriesArrays]:
         """Every series whose labels include ``labels``, as arrays over the matching intervals."""
-        docs = self.documents(since_ns, until_ns) if documents is None else documents
-        wanted = dict(labels or {})
-        rows: dict[LabelKey, list[tuple[int, HistDocument, int]]] = {}
-        for t, doc in enumerate(docs):
-            for k, s in enumerate(doc.series):
-                if all(s.labels.get(name) == value for name, value in wanted.items()):
-                    rows.setdefault(_key(s.labels), []).append((t, doc, k))
-        start = np.array([d.start_ns for d in docs], dtype=np.int64)
-        end = np.array([d.end_ns for d in docs], dtype=np.int64)
-        out: list[SeriesArrays] = []
-        for key, hits in sorted(rows.items()):
-            counts = np.zeros((len(docs), NUM_BUCKETS + 1), dtype=np.int64)
-            sums = np.zeros(len(docs), dtype=np.int64)
-            for t, doc, k in hits:
-                hist = doc.series[k].hist
-                counts[t, :NUM_BUCKETS] += hist.counts
-                counts[t, NUM_BUCKETS] += hist.overflow
-                sums[t] += hist.sum_ns
-            out.append(SeriesArrays(dict(key), start.copy(), end.copy(), counts, sums))
-        return out
+        return series_arrays(self.documents(since_ns, until_ns), labels)
 
     def counters(
         self,
         since_ns: int | None = None,
         until_ns: int | None = None,
         labels: Mapping[str, str] | None = None,
-        documents: list[HistDocument] | None = None,
     ) -> list[CounterArrays]:
         """Every counter whose labels include ``labels``, per interval."""
-        docs = self.documents(since_ns, until_ns) if documents is None else documents
-        wanted = dict(labels or {})
-        values: dict[tuple[str, LabelKey], npt.NDArray[np.int64]] = {}
-        for t, doc in enumerate(docs):
-            for c in doc.counters:
-                if all(c.labels.get(name) == value for name, value in wanted.items()):
-                    slot = values.setdefault(
-                        (c.name, _key(c.labels)), np.zeros(len(docs), dtype=np.int64)
-                    )
-                    slot[t] += c.value
-        end = np.array([d.end_ns for d in docs], dtype=np.int64)
-        return [
-            CounterArrays(name, dict(key), end.copy(), series)
-            for (name, key), series in sorted(values.items())
-        ]
+        return counter_arrays(self.documents(since_ns, until_ns), labels)
 
     def __iter__(self) -> Iterator[HistDocument]:
         return iter(self.documents())
+
+
+def series_arrays(
+    docs: list[HistDocument], labels: Mapping[str, str] | None = None
+) -> list[SeriesArrays]:
+    """Series of ``docs`` whose labels include ``labels``, one row per document."""
+    wanted = dict(labels or {})
+    rows: dict[LabelKey, list[tuple[int, int]]] = {}
+    for t, doc in enumerate(docs):
+        for k, s in enumerate(doc.series):
+            if all(s.labels.get(name) == value for name, value in wanted.items()):
+                rows.setdefault(_key(s.labels), []).append((t, k))
+    start = np.array([d.start_ns for d in docs], dtype=np.int64)
+    end = np.array([d.end_ns for d in docs], dtype=np.int64)
+    out: list[SeriesArrays] = []
+    for key, hits in sorted(rows.items()):
+        counts = np.zeros((len(docs), NUM_BUCKETS + 1), dtype=np.int64)
+        sums = np.zeros(len(docs), dtype=np.int64)
+        for t, k in hits:
+            hist = docs[t].series[k].hist
+            counts[t, :NUM_BUCKETS] += hist.counts
+            counts[t, NUM_BUCKETS] += hist.overflow
+            sums[t] += hist.sum_ns
+        out.append(SeriesArrays(dict(key), start.copy(), end.copy(), counts, sums))
+    return out
+
+
+def counter_arrays(
+    docs: list[HistDocument], labels: Mapping[str, str] | None = None
+) -> list[CounterArrays]:
+    """Counters of ``docs`` whose labels include ``labels``, one value per document."""
+    wanted = dict(labels or {})
+    values: dict[tuple[str, LabelKey], npt.NDArray[np.int64]] = {}
+    for t, doc in enumerate(docs):
+        for c in doc.counters:
+            if all(c.labels.get(name) == value for name, value in wanted.items()):
+                slot = values.setdefault(
+                    (c.name, _key(c.labels)), np.zeros(len(docs), dtype=np.int64)
+                )
+                slot[t] += c.value
+    end = np.array([d.end_ns for d in docs], dtype=np.int64)
+    return [
+        CounterArrays(name, dict(key), end.copy(), series)
+        for (name, key), series in sorted(values.items())
+    ]
 
 
 def _key(labels: Mapping[str, str]) -> LabelKey:

@@ -11,9 +11,15 @@ if TYPE_CHECKING:
 
 PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
     "runqueue": ("sched_wakeup", "sched_wakeup_new", "sched_switch"),
+    "netsyscall": ("sys_enter", "sys_exit"),
+    "tcpstate": ("inet_sock_set_state", "tcp_retransmit_skb"),
+    "migration": ("sched_migrate_task", "sched_move_numa", "sched_swap_numa", "sched_stick_numa"),
 }
 PROBE_CLASSES: Final[dict[str, str]] = {
     "runqueue": "tailsight.probes.runqueue:RunQueueProbe",
+    "netsyscall": "tailsight.probes.netsyscall:NetSyscallProbe",
+    "tcpstate": "tailsight.probes.tcpstate:TcpStateProbe",
+    "migration": "tailsight.probes.migration:MigrationProbe",
 }
 
 

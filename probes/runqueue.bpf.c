@@ -42,6 +42,18 @@
  *   victim <- aggressor: /tailsight-test/victim <- /  6,872.5 ms in 335 switches,
  *                        /tailsight-test/victim <- /tailsight-test/noisy  24.0 ms in 1
  *
+ * Outliers (include/outlier.bpf.h): a wait above max(OUTLIER_FLOOR_NS, the victim cgroup's
+ * threshold) is sent with the *victim's* kernel and user stacks.  At the switch that ends the
+ * wait the victim is not `current` (prev is) and a raw tracepoint cannot take another task's
+ * stack (bpf_get_task_stack needs a BTF task pointer: tp_btf, unavailable here), so the wait is
+ * parked in the victim's runqueue_start_ns entry and sent when the victim next leaves the CPU,
+ * from its own context.  Its stacks then say what the delayed code was doing after the wait
+ * and how it left the CPU: for a preempted busy loop, kernel
+ * asm_sysvec_apic_timer_interrupt;irqentry_exit_to_user_mode;schedule;__schedule and a user
+ * stack in the interpreter loop (tests/probes/test_outliers.py).  The aggressor is named by
+ * runqueue_displaced_wait, not by a stack.  Costs nothing extra on the common path: the pending
+ * wait shares the map value already looked up for prev.
+ *
  * Lost samples are counted (runqueue_dropped_events): map full, and "untraced switch": on the dev
  * VM some switches (out of the sandbox agent's threads) never reach the tracepoint; the task they
  * switched in is noticed at its next switch-out, but when its wait ended is unknown.
@@ -50,6 +62,7 @@
  * RUNQUEUE_CGROUP_FILTER: record only victims whose cgroup id is in runqueue_cgroup_allow.
  */
 #include "hist.bpf.h"
+#include "outlier.bpf.h"
 #include "task.bpf.h"
 
 #ifndef RUNQUEUE_MAX_TASKS
@@ -85,12 +98,19 @@ struct runqueue_pair_wait {
     u64 count;
 };
 
-/* task_struct address -> ktime when it became runnable, 0 = not queued.  Keyed by address (no
+/* Per task: ktime when it became runnable (0 = not queued), and the wait of an outlier whose
+ * event is sent when the task next leaves the CPU (0 = none pending). */
+struct runqueue_task {
+    u64 start_ns;
+    u64 outlier_wait_ns;
+};
+
+/* task_struct address -> struct runqueue_task.  Keyed by address (no
  * probe read needed: it is the tracepoint argument) and cleared in place rather than deleted, so
  * a switch costs two lookups and stores instead of an LRU allocate/free; LRU evicts the entries
  * of tasks that are gone.  A reused address finds 0: a task leaves the CPU for the last time as
  * TASK_DEAD, which clears its stamp. */
-BPF_TABLE("lru_hash", u64, u64, runqueue_start_ns, RUNQUEUE_MAX_TASKS);
+BPF_TABLE("lru_hash", u64, struct runqueue_task, runqueue_start_ns, RUNQUEUE_MAX_TASKS);
 BPF_HASH(runqueue_wait_hist, struct hist_key, u64, RUNQUEUE_MAX_CELLS);
 BPF_HASH(runqueue_wait_totals, u64, struct hist_totals, RUNQUEUE_MAX_CGROUPS);
 BPF_HASH(runqueue_displaced_wait, struct runqueue_pair_key, struct runqueue_pair_wait,
@@ -98,6 +118,11 @@ BPF_HASH(runqueue_displaced_wait, struct runqueue_pair_key, struct runqueue_pair
 BPF_PERCPU_ARRAY(runqueue_dropped_events, u64, DROP_REASONS);
 /* The task this CPU last switched to, to notice switches that never reached the tracepoint. */
 BPF_PERCPU_ARRAY(runqueue_cpu_next, u64, 1);
+BPF_RINGBUF_OUTPUT(runqueue_outlier_events, OUTLIER_RINGBUF_PAGES);
+BPF_STACK_TRACE(runqueue_outlier_stacks, OUTLIER_MAX_STACKS);
+BPF_HASH(runqueue_outlier_threshold, u64, u64, RUNQUEUE_MAX_CGROUPS);
+BPF_PERCPU_ARRAY(runqueue_outlier_rate, struct outlier_bucket, 1);
+BPF_PERCPU_ARRAY(runqueue_outlier_dropped, u64, OUTLIER_DROP_REASONS);
 #ifdef RUNQUEUE_CGROUP_FILTER
 BPF_HASH(runqueue_cgroup_allow, u64, u8, RUNQUEUE_MAX_CGROUPS);
 #endif
@@ -110,19 +135,53 @@ static __always_inline void count_drop(u32 reason)
         (*dropped)++;
 }
 
+static __always_inline void count_outlier_drop(u32 reason)
+{
+    u64 *dropped = runqueue_outlier_dropped.lookup(&reason);
+
+    if (dropped)
+        (*dropped)++;
+}
+
+/* Sends the pending outlier of `current` (the victim, now leaving the CPU) with its stacks. */
+static __always_inline void send_outlier(void *ctx, u64 wait_ns)
+{
+    u32 zero = 0;
+    struct outlier_bucket *bucket = runqueue_outlier_rate.lookup(&zero);
+    struct outlier_event event = {};
+    u64 pid_tgid;
+
+    if (!outlier_take_token(bucket, bpf_ktime_get_ns())) {
+        count_outlier_drop(OUTLIER_DROP_RATE_LIMITED);
+        return;
+    }
+    pid_tgid = bpf_get_current_pid_tgid();
+    event.cgroup_id = bpf_get_current_cgroup_id();
+    event.value_ns = wait_ns;
+    event.tgid = pid_tgid >> 32;
+    event.pid = (u32)pid_tgid;
+    event.kernel_stack_id = runqueue_outlier_stacks.get_stackid(ctx, 0);
+    event.user_stack_id = runqueue_outlier_stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    if (outlier_stack_lost(event.kernel_stack_id) || outlier_stack_lost(event.user_stack_id))
+        count_outlier_drop(OUTLIER_DROP_STACK_LOST);
+    if (runqueue_outlier_events.ringbuf_output(&event, sizeof(event), 0))
+        count_outlier_drop(OUTLIER_DROP_RINGBUF_FULL);
+}
+
 /* Stamps `task` as runnable since now unless it already is (the kernel counts from enqueue). */
 static __always_inline void stamp_woken(u64 task)
 {
-    u64 now_ns = bpf_ktime_get_ns();
-    u64 *start_ns = runqueue_start_ns.lookup(&task);
+    struct runqueue_task fresh = {};
+    struct runqueue_task *state = runqueue_start_ns.lookup(&task);
     int err;
 
-    if (start_ns) {
-        if (*start_ns == 0)
-            *start_ns = now_ns;
+    fresh.start_ns = bpf_ktime_get_ns();
+    if (state) {
+        if (state->start_ns == 0)
+            state->start_ns = fresh.start_ns;
         return;
     }
-    err = runqueue_start_ns.insert(&task, &now_ns);
+    err = runqueue_start_ns.insert(&task, &fresh);
     /* -EEXIST: stamped by a concurrent wakeup on another CPU, the intended outcome. */
     if (err && err != -ERRNO_EEXIST)
         count_drop(DROP_STAMP_UPDATE);
@@ -175,39 +234,46 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
     u32 prev_state = (u32)ctx->args[3];
     u32 prev_pid = (u32)bpf_get_current_pid_tgid();
     u64 now_ns = bpf_ktime_get_ns();
-    u64 *start_ns;
+    struct runqueue_task *state;
+    struct runqueue_task fresh = {};
     u64 wait_ns;
     u64 victim_cgroup_id;
     u32 zero = 0;
     u64 *cpu_next = runqueue_cpu_next.lookup(&zero);
 
     if (prev_pid != 0) /* the idle task is never queued */
-        start_ns = runqueue_start_ns.lookup(&prev);
+        state = runqueue_start_ns.lookup(&prev);
     else
-        start_ns = 0;
+        state = 0;
     if (cpu_next) {
         /* prev got this CPU in a switch we never saw (some do not reach the tracepoint, seen
          * on the dev VM): the end of its wait is unknown, so the sample is lost; count it. */
-        if (*cpu_next && *cpu_next != prev && start_ns && *start_ns)
+        if (*cpu_next && *cpu_next != prev && state && state->start_ns)
             count_drop(DROP_UNTRACED_SWITCH);
         *cpu_next = next;
     }
+    if (state && state->outlier_wait_ns) {
+        /* prev is the victim of an earlier outlier wait, and `current`: its stacks now. */
+        send_outlier(ctx, state->outlier_wait_ns);
+        state->outlier_wait_ns = 0;
+    }
     if (prev_pid != 0) {
         if (prev_state == TASK_RUNNING_STATE) {
-            if (start_ns)
-                *start_ns = now_ns;
-            else if (runqueue_start_ns.update(&prev, &now_ns))
+            fresh.start_ns = now_ns;
+            if (state)
+                state->start_ns = now_ns;
+            else if (runqueue_start_ns.update(&prev, &fresh))
                 count_drop(DROP_STAMP_UPDATE);
-        } else if (start_ns) {
-            *start_ns = 0;
+        } else if (state) {
+            state->start_ns = 0;
         }
     }
 
-    start_ns = runqueue_start_ns.lookup(&next);
-    if (!start_ns || *start_ns == 0)
+    state = runqueue_start_ns.lookup(&next);
+    if (!state || state->start_ns == 0)
         return 0; /* not stamped: the idle task, or queued before we attached */
-    wait_ns = now_ns > *start_ns ? now_ns - *start_ns : 0;
-    *start_ns = 0;
+    wait_ns = now_ns > state->start_ns ? now_ns - state->start_ns : 0;
+    state->start_ns = 0;
 
     victim_cgroup_id = task_cgroup_id((const void *)next);
 #ifdef RUNQUEUE_CGROUP_FILTER
@@ -215,5 +281,8 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
         return 0;
 #endif
     record_wait(victim_cgroup_id, prev_pid == 0 ? 0 : bpf_get_current_cgroup_id(), wait_ns);
+    if (outlier_above_floor(wait_ns) &&
+        outlier_above_threshold(runqueue_outlier_threshold.lookup(&victim_cgroup_id), wait_ns))
+        state->outlier_wait_ns = wait_ns; /* sent when next leaves the CPU, from its context */
     return 0;
 }

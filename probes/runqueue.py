@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Final
+from typing import Final
+
+from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.bccprobe import BccProbe
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
 
 PROBE_NAME: Final = "runqueue"
 # Index i of the kernel's runqueue_dropped_events array (DROP_* in runqueue.bpf.c).
@@ -21,67 +23,30 @@ DISPLACED_SWITCHES: Final = "runqueue_displaced_switches"
 DROPPED: Final = "runqueue_dropped_events"
 
 
-class RunQueueProbe:
+class RunQueueProbe(BccProbe):
     """Loads, attaches and reads the run-queue probe.
 
     ``cgroup_ids``: if given, only waits of tasks in exactly these cgroup ids are recorded
     (kernel allow-list; update it with ``set_cgroup_filter`` as cgroups come and go).
+    Waits above ``max(outlier_floor_ns, P99 bucket of the cgroup)`` become outlier events with
+    the victim's stacks, at most ``outlier_rate_per_s`` per CPU.
     """
 
-    name: Final = PROBE_NAME
+    name = PROBE_NAME
+    tracepoints = PROBE_TRACEPOINTS[PROBE_NAME]
 
-    def __init__(self, cgroup_ids: Iterable[int] | None = None) -> None:
-        self._filter = None if cgroup_ids is None else set(cgroup_ids)
-        self._bpf: Any = None
-        self._attached: Any = None
-
-    def attach(self) -> None:
-        """Compile with verified offsets and attach all three tracepoints (all or nothing)."""
-        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
-
-        if self._bpf is not None:
-            return
-        cflags = [] if self._filter is None else ["-DRUNQUEUE_CGROUP_FILTER"]
-        bpf = compile_probe(PROBE_NAME, cflags)
-        try:
-            self._bpf = bpf
-            if self._filter is not None:
-                self._sync_filter()
-            self._attached = attach_raw_tracepoints(bpf, PROBE_NAME, PROBE_TRACEPOINTS[PROBE_NAME])
-        except BaseException:
-            self._bpf = None
-            bpf.cleanup()
-            raise
-
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Record only waits of these victim cgroup ids (None: all).
-
-        Before ``attach`` this chooses whether the filter is compiled in; once attached, only
-        the id set can change (ValueError on switching between None and a set).
-        """
-        wanted = None if cgroup_ids is None else set(cgroup_ids)
-        if self._bpf is not None and (wanted is None) != (self._filter is None):
-            raise ValueError("runqueue: cgroup filtering on/off is fixed at attach")
-        self._filter = wanted
-        if self._bpf is not None and wanted is not None:
-            self._sync_filter()
-
-    def _sync_filter(self) -> None:
-        import ctypes
-
-        assert self._filter is not None
-        table = self._bpf[b"runqueue_cgroup_allow"]
-        present = {k.value for k in table}
-        for cgroup_id in present - self._filter:
-            del table[table.Key(cgroup_id)]
-        for cgroup_id in self._filter - present:
-            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+    def __init__(
+        self,
+        cgroup_ids: Iterable[int] | None = None,
+        outlier_floor_ns: int = DEFAULT_OUTLIER_FLOOR_NS,
+        outlier_rate_per_s: int = DEFAULT_OUTLIER_RATE_PER_S,
+    ) -> None:
+        super().__init__(cgroup_ids, outlier_floor_ns, outlier_rate_per_s)
 
     def read(self) -> Snapshot:
-        """Cumulative wait histograms per cgroup id, displaced wait per pair and drops."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        bpf = self._bpf
+        """Cumulative wait histograms per cgroup id, displaced wait per pair, drops and
+        outlier stacks."""
+        bpf = self._require_bpf()
         taken_ns = time.time_ns()
         wait: dict[int, Histogram] = {}
         for key, value in bpf[b"runqueue_wait_hist"].items():
@@ -102,35 +67,12 @@ class RunQueueProbe:
         drops = bpf[b"runqueue_dropped_events"]
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        assert self.outliers is not None
+        self.outliers.drain()
+        self.outliers.update_thresholds(wait)
+        counters.update(self.outliers.counters(PROBE_NAME))
         histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in wait.items()}
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
-
-    def program_fds(self) -> dict[str, int]:
-        """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in PROBE_TRACEPOINTS[PROBE_NAME]}
-
-    def close(self) -> None:
-        """Detach and free the maps; safe to call twice."""
-        if self._attached is not None:
-            self._attached.close()
-            self._attached = None
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-
-    def __enter__(self) -> RunQueueProbe:
-        self.attach()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def top_pairs(document: HistDocument, limit: int = 5) -> list[tuple[str, str, int, int]]:

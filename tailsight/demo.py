@@ -1,5 +1,5 @@
 """``python -m tailsight.demo`` (what ``make demo`` runs): a live run-queue trace of the built-in
-contention workload, then who displaced whom."""
+contention workload, then who displaced whom and where the slowest waits left the victims."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import argparse
 import sys
 
 from tailsight.histfile import HistDocument
+from tailsight.probes.outliers import short_stack, top_outlier_stacks
 from tailsight.probes.runqueue import top_pairs
 
 DEMO_SECONDS = 5.0
 
 
 def narrate(document: HistDocument, groups: dict[str, str]) -> list[str]:
-    """One sentence per workload cgroup: its P99 wait and the cgroup that displaced it most."""
+    """One sentence per workload cgroup: its P99 wait, the cgroup that displaced it most and the
+    stack of its most frequent outlier wait."""
     lines = []
     for group, path in groups.items():
         found = document.find(probe="runqueue", cgroup=path)
@@ -30,6 +32,14 @@ def narrate(document: HistDocument, groups: dict[str, str]) -> list[str]:
             share = 100 * wait_ns / total_ns
             victim_line += f"; displaced most by {aggressor} ({share:.0f}% of its wait)"
         lines.append(victim_line)
+        stacks = [s for s in top_outlier_stacks(document, 1000) if s.cgroup == path]
+        if stacks:
+            events = sum(s.events for s in stacks)
+            top = stacks[0]
+            lines.append(
+                f"  {events} outlier waits; most often it then left the CPU at "
+                f"{short_stack(top.kernel_stack, 2)} | {short_stack(top.user_stack, 2)}"
+            )
     return lines
 
 

@@ -1,11 +1,13 @@
 """NASDAQ binary ITCH files: each message behind a 2-byte big-endian length; plain or gzip.
 
-Reading streams in fixed-size chunks (constant memory) and never crashes on damaged files: what
-the spec lengths make unambiguous is repaired (a wrong length prefix on a known type whose spec
-length lines up with the next frame; zero-length prefixes skipped), everything else is skipped by
-resynchronizing on a position where prefix == spec length of the type *and* the frame after it
-lines up too, and every anomaly is counted in a ``FramingReport`` with its byte offset.
-Offsets are in the uncompressed stream.
+Reading streams in fixed-size chunks (constant memory) and never crashes on damaged files. A
+message is delivered only when its frame is confirmed: prefix == spec length of its type *and*
+the frame after it lines up (or the stream ends there); a well-formed frame whose successor does
+not line up may straddle the damage, so it is reported and dropped, never guessed. What the spec
+lengths make unambiguous is repaired (a wrong prefix on a known type whose spec length lines up;
+zero-length prefixes skipped); anything else, including any prefix above the longest spec
+length, is garbage, skipped up to the earliest position where two consecutive frames line up.
+Every anomaly is counted in a ``FramingReport`` with its byte offset in the uncompressed stream.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ __all__ = [
 
 CHUNK_SIZE = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"  # RFC 1952: ID1, ID2, CM = deflate
-MAX_FRAME = 2 + 0xFFFF
-# A wrong-length frame is only trusted if the frame after it lines up; runs of zero prefixes
-# between the two are allowed, up to this many.
+# ITCH 5.0 messages are at most 50 bytes: a longer prefix is never a frame to skip or wait for.
+MAX_SPEC_LENGTH = max(itch.MESSAGE_LENGTHS.values())
+# Runs of zero prefixes between two frames are skipped, up to this many.
 MAX_ZERO_PREFIXES_BETWEEN = 64
-# Enough unread bytes to judge any frame and the header of the one after it.
-LOOKAHEAD = MAX_FRAME + 2 * MAX_ZERO_PREFIXES_BETWEEN + 3
+# Unread bytes needed to judge a frame: itself, a zero run, an odd (repaired or skipped) frame
+# after it, another zero run and the next header (363 bytes); rounded up.
+LOOKAHEAD = 1024
+# How well the frame after a frame confirms it (``_Framer.successor``).
+NONE, WEAK, STRONG = 0, 1, 2
 
 
 class IssueKind:
@@ -50,9 +55,10 @@ class IssueKind:
 
     ZERO_LENGTH = "zero_length"  # a 0x0000 prefix; skipped
     LENGTH_REPAIRED = "length_repaired"  # prefix != spec length, spec length lines up; used
-    BAD_LENGTH = "bad_length"  # known type, prefix lines up but not the spec length; skipped
-    UNKNOWN_TYPE = "unknown_type"  # frame lines up but the type is not ITCH 5.0; skipped
+    BAD_LENGTH = "bad_length"  # known type, prefix (<= 50) lines up, not the spec length; skipped
+    UNKNOWN_TYPE = "unknown_type"  # a frame (<= 50 bytes) lines up, type not ITCH 5.0; skipped
     GARBAGE = "garbage"  # bytes no frame accounts for; skipped until resynchronized
+    UNCONFIRMED = "unconfirmed"  # well-formed, but the next frame does not line up; dropped
     TRUNCATED = "truncated_tail"  # the stream ends inside a frame
     STREAM_ERROR = "stream_error"  # the gzip layer failed (corrupt or cut); reading stops
 
@@ -157,17 +163,38 @@ class _Framer:
         return length != 0 and _SPEC.get(self.buf[at + 2]) == length
 
     def lines_up(self, at: int) -> bool:
-        """Whether a frame may legitimately start at ``at`` (after skipping zero prefixes)."""
+        """Whether a frame may legitimately start at ``at`` (after skipping zero prefixes):
+        a well-formed header does, and so does the end of the stream."""
         size = len(self.buf)
         for _ in range(MAX_ZERO_PREFIXES_BETWEEN):
-            if at == size:
-                return self.eof
             if at + 3 > size:
-                return self.eof  # a short tail; reported as truncated when reached
+                return self.eof  # the end, or a short tail reported as truncated when reached
             if self.prefix(at) != 0:
                 return self.header_ok(at)
             at += 2
         return False
+
+    def successor(self, at: int) -> int:
+        """How well the frame starting at ``at`` confirms the one before it: STRONG if it is
+        well-formed and lines up with its own successor (or the stream ends at ``at``), WEAK if
+        only one of the two holds or it is an odd frame (repaired or skipped) that lines up,
+        NONE otherwise."""
+        size = len(self.buf)
+        for _ in range(MAX_ZERO_PREFIXES_BETWEEN):
+            if at + 3 > size:
+                return STRONG if self.eof else NONE
+            length = self.prefix(at)
+            if length != 0:
+                spec = _SPEC.get(self.buf[at + 2])
+                if spec == length:
+                    return STRONG if self.lines_up(at + 2 + length) else WEAK
+                if spec is not None and self.frame_confirmed(at, spec):
+                    return WEAK
+                if length <= MAX_SPEC_LENGTH and self.frame_confirmed(at, length):
+                    return WEAK
+                return NONE
+            at += 2
+        return NONE
 
     def frame_confirmed(self, at: int, length: int) -> bool:
         """Trust a frame whose prefix is off the spec only if the next frame lines up after it
@@ -190,18 +217,15 @@ class _Framer:
     def close_garbage(self, at: int) -> None:
         if self.garbage_start is not None:
             skipped = self.base + at - self.garbage_start
-            self.report.skipped_bytes += skipped
-            self.report.add(self.garbage_start, IssueKind.GARBAGE, f"skipped {skipped} bytes")
+            if skipped:
+                self.report.skipped_bytes += skipped
+                self.report.add(self.garbage_start, IssueKind.GARBAGE, f"skipped {skipped} bytes")
             self.garbage_start = None
 
-    def find_sync(self, search_from: int, search_to: int, fallback: bool = False) -> int | None:
-        """First position in [search_from, search_to) where a frame and its successor line up.
-
-        With ``fallback``, an unconfirmed well-formed frame (its successor is damaged) wins if
-        it ends before the first confirmed one: then it cannot swallow a real frame.
-        """
+    def find_sync(self, search_from: int, search_to: int) -> int | None:
+        """First position in [search_from, search_to) where a well-formed frame starts and the
+        frame after it lines up: the earliest point where the stream is confirmed again."""
         size = len(self.buf)
-        unconfirmed: tuple[int, int] | None = None  # (start, end) of the first one
         step = 1 << 9  # damage is usually short: look close first, then further
         while search_from < search_to:
             window_end = min(search_to, search_from + step)
@@ -215,17 +239,9 @@ class _Framer:
             for offset, length in zip(hits, lengths, strict=True):
                 candidate = search_from + offset
                 following = candidate + 2 + length
-                if following > size:
-                    continue
-                if self.lines_up(following):
-                    if unconfirmed is not None and unconfirmed[1] <= candidate:
-                        return unconfirmed[0]
+                if following <= size and self.lines_up(following):
                     return candidate
-                if fallback and unconfirmed is None:
-                    unconfirmed = (candidate, following)
             search_from = window_end
-        if unconfirmed is not None and unconfirmed[1] <= search_to + 2:
-            return unconfirmed[0]
         return None
 
     def resync(self, search_from: int) -> None:
@@ -235,7 +251,7 @@ class _Framer:
         size = len(self.buf)
         # Candidates must leave room to check the following frame unless the stream has ended.
         search_to = size - 2 if self.eof else size - LOOKAHEAD + 1
-        found = self.find_sync(search_from, search_to, fallback=True)
+        found = self.find_sync(search_from, search_to)
         if found is not None:
             self.pos = found
             self.close_garbage(found)
@@ -273,26 +289,41 @@ class _Framer:
             return None
         type_byte = buf[at + 2]
         spec = _SPEC.get(type_byte)
+        end = at + 2 + length
         if spec == length:
-            if at + 2 + length > size:
+            confirmation = self.successor(end) if end <= size else NONE
+            # A weak successor may be a chance match in the bytes after a frame that lost bytes:
+            # then the real next frame starts inside this one, confirmed.
+            if confirmation == STRONG or (
+                confirmation == WEAK and self.find_sync(at + 1, end) is None
+            ):
+                self.pos = end
+                return at + 2, length
+            # Not confirmed. If a confirmed frame starts inside it, this was never a frame (bytes
+            # deleted, or garbage that looks like a header); else it may straddle damage (bytes
+            # inserted or overwritten in it) or be sound with garbage after it: no way to know.
+            inner = self.find_sync(at + 1, min(end, size))
+            if inner is not None:
+                self.garbage_start = self.base + at
+                self.pos = inner
+                self.close_garbage(inner)
+            elif end > size:  # only at EOF: the buffer holds LOOKAHEAD bytes otherwise
                 self.report.add(
                     self.base + at,
                     IssueKind.TRUNCATED,
                     f"{chr(type_byte)!r} frame of {length} bytes, {size - at - 2} present",
                 )
                 self.pos = size
-                return None
-            if not self.lines_up(at + 2 + length):
-                # The frame after this one is damaged, or this "frame" is itself garbage that
-                # happens to look right: it is garbage if a confirmed frame starts inside it.
-                inner = self.find_sync(at + 1, at + 2 + length)
-                if inner is not None:
-                    self.garbage_start = self.base + at
-                    self.pos = inner
-                    self.close_garbage(inner)
-                    return None
-            self.pos = at + 2 + length
-            return at + 2, length
+            else:
+                self.report.add(
+                    self.base + at,
+                    IssueKind.UNCONFIRMED,
+                    f"{chr(type_byte)!r} frame of {length} bytes: next frame does not line up",
+                )
+                self.report.skipped_bytes += 2 + length
+                self.pos = end
+                self.garbage_start = self.base + end
+            return None
         if spec is not None and self.frame_confirmed(at, spec):
             self.report.add(
                 self.base + at,
@@ -301,15 +332,21 @@ class _Framer:
             )
             self.pos = at + 2 + spec
             return at + 2, spec
-        if self.frame_confirmed(at, length):
+        if length <= MAX_SPEC_LENGTH and self.frame_confirmed(at, length):
             if spec is not None:
                 kind, detail = IssueKind.BAD_LENGTH, f"{chr(type_byte)!r} prefix {length} != {spec}"
             else:
                 kind, detail = IssueKind.UNKNOWN_TYPE, f"type 0x{type_byte:02x}, {length} bytes"
             self.report.add(self.base + at, kind, detail)
-            self.pos = at + 2 + length
+            self.report.skipped_bytes += 2 + length
+            self.pos = end
             return None
-        if self.eof and at + 2 + length > size and self.find_sync(at + 1, size - 2, True) is None:
+        if (
+            self.eof
+            and end > size
+            and length <= MAX_SPEC_LENGTH
+            and self.find_sync(at + 1, size - 2) is None
+        ):
             # Nothing after this point lines up: a frame cut off by the end of the stream.
             self.report.add(
                 self.base + at, IssueKind.TRUNCATED, f"{size - at} bytes at end of stream"
@@ -327,9 +364,12 @@ class _Framer:
 def _confirmed(
     framer: _Framer, prefixes: npt.NDArray[np.int64], run_end: int
 ) -> tuple[npt.NDArray[np.int64], int]:
-    """Drop a run's last frame unless it ends the stream: only its successor can confirm it."""
+    """Leave a run's last two frames to ``_Framer.step`` unless the run ends the stream: the
+    last has no successor in the run, and the one before has only a successor that may be a
+    chance match (the run then stops right after it because it is not a real frame)."""
     if len(prefixes) and not (framer.eof and run_end == len(framer.buf)):
-        return prefixes[:-1], int(prefixes[-1])
+        keep = max(len(prefixes) - 2, 0)
+        return prefixes[:keep], int(prefixes[keep])
     return prefixes, run_end
 
 

@@ -1,7 +1,8 @@
 """The trading system's network: an exchange and a trading namespace joined by one veth pair.
 
 Private /30 addresses that exist only inside the two namespaces (nothing is routed to the host).
-Built with pyroute2. Code joins a namespace either for a whole child process (``run_in_netns``)
+Links and addresses are set with pyroute2 (netlink); the namespaces are made by iproute2.
+Code joins a namespace either for a whole child process (``run_in_netns``)
 or for the calling thread only (``in_netns``): a network namespace is per thread, and a socket
 stays in the namespace it was created in, so a thread may create its sockets inside and return.
 """
@@ -14,6 +15,7 @@ import errno
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -37,7 +39,9 @@ __all__ = [
 ]
 
 NETNS_DIR: Final = Path("/run/netns")  # where iproute2 and pyroute2 bind-mount named namespaces
-PREFIX: Final = "ts-"  # every namespace/interface we create starts with it (``cleanup`` relies on it)
+PREFIX: Final = (
+    "ts-"  # every namespace/interface we create starts with it (``cleanup`` relies on it)
+)
 _CLONE_NEWNET: Final = 0x40000000
 
 P = ParamSpec("P")
@@ -75,9 +79,7 @@ def unique_topology(tag: str = "", base: Topology | None = None) -> Topology:
     """
     base = Topology() if base is None else base
     suffix = f"-{os.getpid()}{'-' + tag if tag else ''}"
-    return replace(
-        base, exchange_ns=base.exchange_ns + suffix, trading_ns=base.trading_ns + suffix
-    )
+    return replace(base, exchange_ns=base.exchange_ns + suffix, trading_ns=base.trading_ns + suffix)
 
 
 def exists(name: str) -> bool:
@@ -90,6 +92,27 @@ def list_namespaces(prefix: str = PREFIX) -> list[str]:
     if not NETNS_DIR.is_dir():
         return []
     return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(prefix))
+
+
+def _ip(*args: str) -> None:
+    # Creating a named namespace means unshare + bind mount under a shared /run/netns: iproute2
+    # does exactly that; pyroute2's netns.create forks a helper that leaks sockets (warnings).
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def _netlink(name: str) -> Iterator[Any]:
+    """A pyroute2 IPRoute whose netlink socket lives in namespace ``name`` (no helper process)."""
+    from pyroute2 import IPRoute
+
+    with in_netns(name):
+        route = IPRoute()
+    try:
+        yield route
+    finally:
+        route.close()
 
 
 def _link_index(ns: Any, ifname: str) -> int | None:
@@ -105,15 +128,13 @@ def _ensure_address(ns: Any, index: int, address: str, prefix: int) -> None:
             raise
 
 
-def up(topo: Topology = Topology()) -> Topology:  # noqa: B008 (frozen, so a safe default)
+def up(topo: Topology = Topology()) -> Topology:
     """Create both namespaces and the veth pair between them; idempotent."""
-    from pyroute2 import NetNS, netns
-
     try:
         for name in (topo.exchange_ns, topo.trading_ns):
             if not exists(name):
-                netns.create(name)
-        with NetNS(topo.exchange_ns) as ex_ns, NetNS(topo.trading_ns) as tr_ns:
+                _ip("netns", "add", name)
+        with _netlink(topo.exchange_ns) as ex_ns, _netlink(topo.trading_ns) as tr_ns:
             if _link_index(ex_ns, topo.exchange_if) is None:
                 if (stale := _link_index(tr_ns, topo.trading_if)) is not None:
                     tr_ns.link("del", index=stale)  # half a pair left by a crash
@@ -142,14 +163,12 @@ def up(topo: Topology = Topology()) -> Topology:  # noqa: B008 (frozen, so a saf
 
 
 def _remove_namespace(name: str) -> None:
-    from pyroute2 import netns
-
     if exists(name):
         # Deleting a namespace destroys its veth ends (and so their peers) with it.
-        netns.remove(name)
+        _ip("netns", "delete", name)
 
 
-def down(topo: Topology = Topology()) -> None:  # noqa: B008
+def down(topo: Topology = Topology()) -> None:
     """Remove both namespaces (and with them the veth pair); idempotent."""
     for name in (topo.exchange_ns, topo.trading_ns):
         _remove_namespace(name)
@@ -174,7 +193,7 @@ def cleanup(prefix: str = PREFIX) -> list[str]:
 
 
 @contextlib.contextmanager
-def topology(topo: Topology = Topology()) -> Iterator[Topology]:  # noqa: B008
+def topology(topo: Topology = Topology()) -> Iterator[Topology]:
     """``up`` on entry, ``down`` on exit, whatever happens in between."""
     try:
         yield up(topo)
@@ -193,8 +212,8 @@ def _setns(fd: int) -> None:
 def in_netns(name: str) -> Iterator[None]:
     """Move the calling *thread* into namespace ``name`` and back on exit.
 
-    Sockets created inside stay in ``name`` for good. Other threads are unaffected (setns with
-    CLONE_NEWNET is per thread), so never yield to code that expects the original namespace.
+    Sockets created inside stay in ``name`` for good. Running threads are unaffected (setns with
+    CLONE_NEWNET is per thread); threads started inside inherit ``name``.
     """
     original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
@@ -211,9 +230,7 @@ def in_netns(name: str) -> Iterator[None]:
         os.close(original)
 
 
-def run_in_netns(
-    name: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs
-) -> R:
+def run_in_netns(name: str, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """Run ``fn(*args, **kwargs)`` in a forked child inside namespace ``name``; return its result.
 
     The result (or the exception) travels back pickled, so it must be picklable; ``fn`` need not

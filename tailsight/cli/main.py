@@ -2,7 +2,7 @@
 
 import typer
 
-from tailsight.cli import doctor, gate, itch, trace
+from tailsight.cli import doctor, gate, itch, record, serve, trace
 
 app = typer.Typer(
     name="tailsight",
@@ -12,5 +12,8 @@ app = typer.Typer(
 )
 app.command("doctor")(doctor.doctor)
 app.command("gate")(gate.gate)
+app.command("record")(record.record)
+app.command("serve")(serve.serve)
+app.command("show")(record.show)
 app.command("trace")(trace.trace)
 app.add_typer(itch.app, name="itch")

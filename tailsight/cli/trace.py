@@ -6,21 +6,29 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
+from tailsight.probes.catalog import PROBE_CLASSES
+
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.table import Table
 
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.hist import Histogram
-    from tailsight.histfile import HistDocument
+    from tailsight.histfile import HistDocument, Series
     from tailsight.probes.base import Probe, Snapshot
 
+KNOWN_PROBES: Final = tuple(PROBE_CLASSES)
 VIEW_WIDTH: Final = 80
+PROBE_HEADINGS: Final = {
+    "runqueue": "run-queue wait",
+    "netsyscall": "socket syscall latency",
+}
 # Sparkline columns: exact coarse buckets (each an upper bound of the 5 µs model), then "more".
 SPARK_BOUNDS_NS: Final = (
     5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
@@ -79,8 +87,8 @@ def open_session(
 ) -> Session:
     """Attach what can be attached (each failure reported through ``warn``)."""
     from tailsight.collector.cgroups import CgroupResolver, normalize
-    from tailsight.probes.features import find_cgroup2_mount
     from tailsight.probes.catalog import create_probe
+    from tailsight.probes.features import find_cgroup2_mount
 
     resolver = CgroupResolver(find_cgroup2_mount())
     wanted = [normalize(c) for c in cgroups]
@@ -123,44 +131,86 @@ def _us(value_ns: float) -> str:
     return f"{value_ns / 1_000:,.0f}" if value_ns >= 10_000 else f"{value_ns / 1_000:.1f}"
 
 
-def render(document: HistDocument, title: str, top: int = 5) -> RenderableType:
-    """Per-cgroup table (count, P50/P99/P99.9 µs, sparkline) and the top displaced pairs."""
-    from rich.console import Group
+def series_name(labels: Mapping[str, str]) -> str:
+    """A series' row heading: its cgroup, then any other labels (e.g. the syscall)."""
+    extra = [v for k, v in sorted(labels.items()) if k not in ("probe", "cgroup")]
+    return " ".join([labels.get("cgroup", "?"), *extra])
+
+
+def _latency_table(title: str, series: list[Series]) -> Table:
     from rich.table import Table
+    from rich.text import Text
 
-    from tailsight.probes.runqueue import top_pairs
-
-    waits = Table(title=title, width=VIEW_WIDTH, title_justify="left", pad_edge=False)
-    waits.add_column("cgroup", overflow="fold", ratio=1)
+    table = Table(title=title, width=VIEW_WIDTH, title_justify="left", pad_edge=False)
+    table.add_column("cgroup", overflow="fold", ratio=1)
     for heading in ("count", "P50 µs", "P99 µs", "P99.9 µs"):
-        waits.add_column(heading, justify="right", no_wrap=True)
-    waits.add_column(SPARK_LEGEND, no_wrap=True, width=len(SPARK_BOUNDS_NS) + 1)
-    series = sorted(document.series, key=lambda s: (-s.hist.count, s.labels.get("cgroup", "")))
-    for s in series:
+        table.add_column(heading, justify="right", no_wrap=True)
+    table.add_column(SPARK_LEGEND, no_wrap=True, width=len(SPARK_BOUNDS_NS) + 1)
+    for s in sorted(series, key=lambda s: (-s.hist.count, series_name(s.labels))):
         p50, p99, p999 = s.hist.quantiles([0.5, 0.99, 0.999])
-        waits.add_row(
-            s.labels.get("cgroup", "?"),
+        table.add_row(
+            Text(series_name(s.labels)),
             f"{s.hist.count:,}",
             _us(p50),
             _us(p99),
             _us(p999),
             sparkline(s.hist),
         )
-    pairs = Table(
-        title="run-queue wait: victim <- aggressor",
-        width=VIEW_WIDTH,
-        title_justify="left",
-        pad_edge=False,
-    )
-    pairs.add_column("victim", overflow="fold", ratio=1)
-    pairs.add_column("aggressor", overflow="fold", ratio=1)
-    pairs.add_column("wait ms", justify="right", no_wrap=True)
-    pairs.add_column("switches", justify="right", no_wrap=True)
-    for victim, aggressor, wait_ns, switches in top_pairs(document, top):
-        pairs.add_row(victim, aggressor, f"{wait_ns / 1e6:,.1f}", f"{switches:,}")
+    return table
+
+
+def render(document: HistDocument, title: str, top: int = 5) -> RenderableType:
+    """One latency table per probe (count, P50/P99/P99.9 µs, sparkline), the top displaced
+    pairs, the top outlier stacks and the drop count."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from tailsight.probes.outliers import short_stack, top_outlier_stacks
+    from tailsight.probes.runqueue import top_pairs
+
+    by_probe: dict[str, list[Series]] = {}
+    for s in document.series:
+        by_probe.setdefault(s.labels.get("probe", "?"), []).append(s)
+    parts: list[RenderableType] = [Text(title, style="bold")]
+    for probe in sorted(by_probe):
+        heading = PROBE_HEADINGS.get(probe, probe)
+        parts.append(_latency_table(f"{heading} ({probe})", by_probe[probe]))
+    pairs = top_pairs(document, top)
+    if pairs:
+        table = Table(
+            title="run-queue wait: victim <- aggressor",
+            width=VIEW_WIDTH,
+            title_justify="left",
+            pad_edge=False,
+        )
+        table.add_column("victim", overflow="fold", ratio=1)
+        table.add_column("aggressor", overflow="fold", ratio=1)
+        table.add_column("wait ms", justify="right", no_wrap=True)
+        table.add_column("switches", justify="right", no_wrap=True)
+        for victim, aggressor, wait_ns, switches in pairs:
+            table.add_row(Text(victim), Text(aggressor), f"{wait_ns / 1e6:,.1f}", f"{switches:,}")
+        parts.append(table)
+    stacks = top_outlier_stacks(document, top)
+    if stacks:
+        table = Table(
+            title="top outlier stacks (leaf last)",
+            width=VIEW_WIDTH,
+            title_justify="left",
+            pad_edge=False,
+        )
+        table.add_column("probe cgroup", overflow="fold", ratio=2)
+        table.add_column("events", justify="right", no_wrap=True)
+        table.add_column("kernel | user", overflow="fold", ratio=3)
+        for stack in stacks:
+            frames = f"{short_stack(stack.kernel_stack)} | {short_stack(stack.user_stack)}"
+            where = " ".join(filter(None, (stack.probe, stack.cgroup, stack.detail)))
+            table.add_row(Text(where), f"{stack.events:,}", Text(frames))
+        parts.append(table)
     dropped = sum(c.value for c in document.counters if c.name.endswith("_dropped_events"))
-    footer = f"dropped events: {dropped}" if dropped else ""
-    return Group(waits, pairs, footer)
+    if dropped:
+        parts.append(Text(f"dropped events: {dropped}"))
+    return Group(*parts)
 
 
 def wait_until(session: Session, duration_s: float | None, interval_s: float) -> None:
@@ -180,7 +230,7 @@ def run_live(
     duration_s: float | None,
     interval_s: float,
     console: Any,
-    title: str = "run-queue wait",
+    title: str = "latency per cgroup",
 ) -> HistDocument:
     """Refresh the view every interval until the duration ends or Ctrl-C; returns the summary."""
     from rich.live import Live
@@ -244,6 +294,6 @@ def trace(
         console = Console(width=min(Console().width, VIEW_WIDTH))
         summary = run_live(session, duration, interval, console)
         elapsed_s = (summary.end_ns - summary.start_ns) / 1e9
-        console.print(render(summary, f"summary: run-queue wait over {elapsed_s:.1f} s"))
+        console.print(render(summary, f"summary over {elapsed_s:.1f} s"))
     finally:
         session.close()

@@ -28,7 +28,10 @@ def test_trace_json_on_workload(kernel_ready: None) -> None:
             Path(f"/proc/{pid}/cgroup").read_text().split("0::", 1)[1].strip()
             for pid in workload.pids()
         }
-        result = runner.invoke(app, ["trace", "--json", "--duration", "2", "--cgroup", f"/{base}"])
+        result = runner.invoke(
+            app,
+            ["trace", "--json", "--probe", "runqueue", "--duration", "2", "--cgroup", f"/{base}"],
+        )
     assert result.exit_code == 0, result.output
     assert '"format": "tailsight.hist/1"' in result.stdout
     doc = HistDocument.loads(result.stdout)
@@ -77,10 +80,23 @@ def test_render_fits_80_columns() -> None:
     doc = HistDocument(
         0,
         10**9,
-        [Series({"probe": "runqueue", "cgroup": "/a/very/long/cgroup/path/" * 4}, hist)],
+        [
+            Series({"probe": "runqueue", "cgroup": "/a/very/long/cgroup/path/" * 4}, hist),
+            Series({"probe": "netsyscall", "cgroup": "/net", "syscall": "recvfrom"}, hist),
+        ],
         [
             Counter("runqueue_displaced_wait_ns", {"victim": "/a", "aggressor": "idle"}, 7),
             Counter("runqueue_displaced_switches", {"victim": "/a", "aggressor": "idle"}, 1),
+            Counter(
+                "netsyscall_outlier_events",
+                {
+                    "probe": "netsyscall",
+                    "cgroup": "/net/a/rather/long/path/" * 3,
+                    "kernel_stack": ";".join(f"kernel_function_number_{i}" for i in range(40)),
+                    "user_stack": "[unknown];__libc_recvfrom",
+                },
+                5,
+            ),
         ],
     )
     console = Console(width=200, record=True)
@@ -88,6 +104,11 @@ def test_render_fits_80_columns() -> None:
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= VIEW_WIDTH
     assert "idle" in text and FORMAT not in text
+    # one table per probe, the syscall in the row heading, the outlier stack's leaf end
+    assert "run-queue wait (runqueue)" in text and "(netsyscall)" in text
+    assert "/net recvfrom" in text
+    assert "…;kernel_function_number_37" in text and "number_36" not in text
+    assert "[unknown];__libc_recvfrom" in text
 
 
 @pytest.mark.kernel
@@ -111,3 +132,44 @@ def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
     paths = {s.labels["cgroup"] for s in doc.series}
     assert paths == {f"/{base}/early", f"/{base}/sub/late"}
     assert all(c.labels["victim"] in paths for c in doc.counters if "victim" in c.labels)
+
+
+@pytest.mark.kernel
+def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None:
+    from rich.console import Console
+
+    from tailsight.cli.trace import open_session
+    from tailsight.workload import Workload, private_base, python_task
+
+    sends = 31  # prime
+    code = (
+        "import socket\n"
+        "sys.stdin.readline()\n"
+        "rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); rx.bind(('127.0.0.1', 0))\n"
+        f"for _ in range({sends}): rx.sendto(b'x', rx.getsockname()); rx.recvfrom(4)\n"
+        "sys.stdout.write('done\\n'); sys.stdout.flush()\n"
+        "sys.stdin.readline()\n"
+    )
+    base = private_base("multi")
+    warnings: list[str] = []
+    with Workload([python_task("udp", code, pipes=True)], base=base) as workload:
+        session = open_session(["netsyscall", "runqueue"], [f"/{base}"], warnings.append)
+        try:
+            proc = workload.process("udp")
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == b"done\n"
+            doc = session.document()
+        finally:
+            session.close()
+    assert warnings == []
+    path = f"/{base}/udp"
+    (sendto,) = doc.find(probe="netsyscall", cgroup=path, syscall="sendto")
+    (recvfrom,) = doc.find(probe="netsyscall", cgroup=path, syscall="recvfrom")
+    assert sendto.hist.count == recvfrom.hist.count == sends
+    assert {s.labels["cgroup"] for s in doc.series} == {path}
+    console = Console(width=200, record=True)
+    console.print(render(doc, "multi"))
+    text = console.export_text()
+    assert "(netsyscall)" in text and f"{path} sendto" in text

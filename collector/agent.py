@@ -1,0 +1,171 @@
+"""The collector loop behind ``tailsight serve`` and ``tailsight record``: attach the probes, read
+them every interval, turn cumulative maps into interval documents with cgroup paths, and hand
+each one to the Prometheus exporter and the recording store."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tailsight.collector.config import CollectorConfig
+from tailsight.probes.base import Snapshot, labels
+
+from tailsight.histfile import HistDocument
+
+if TYPE_CHECKING:
+    from tailsight.collector.cgroups import CgroupResolver
+    from tailsight.collector.exporter import ProbeStatus, PrometheusExporter
+    from tailsight.collector.store import RecordingWriter
+    from tailsight.probes.base import Probe
+
+
+def as_snapshot(probe_name: str, state: Any) -> Snapshot:
+    """A probe's ``read()`` as a generic Snapshot; converts the run-queue probe's own snapshot
+    (wait / displaced / dropped) for probes not yet moved onto ``probes/base.py``."""
+    if isinstance(state, Snapshot):
+        return state
+    histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in state.wait.items()}
+    counters: dict[tuple[str, Any], int] = {}
+    for (victim, aggressor), pair in state.displaced.items():
+        key = labels(victim=victim, aggressor=aggressor)
+        counters[(f"{probe_name}_displaced_wait_ns", key)] = pair.wait_ns
+        counters[(f"{probe_name}_displaced_switches", key)] = pair.switches
+    for reason, value in state.dropped.items():
+        counters[(f"{probe_name}_dropped_events", labels(reason=reason))] = value
+    return Snapshot(probe_name, state.taken_ns, histograms, counters)
+
+
+@dataclass
+class _Attached:
+    probe: Probe
+    previous: Snapshot
+    status: ProbeStatus
+
+
+@dataclass
+class Agent:
+    """Owns the probes of one collector run; ``tick`` produces one interval document."""
+
+    config: CollectorConfig
+    resolver: CgroupResolver
+    exporter: PrometheusExporter | None = None
+    writer: RecordingWriter | None = None
+    log: Callable[[str], None] = print
+    create_probe: Callable[[str], Probe] | None = None
+    attached: dict[str, _Attached] = field(default_factory=dict)
+    statuses: dict[str, ProbeStatus] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
+    last_end_ns: int = 0
+    intervals: int = 0
+    last_tick_cpu_s: float = 0.0
+
+    def probe_names(self) -> list[str]:
+        """The configured probes, or every probe in the catalog."""
+        from tailsight.probes.catalog import PROBE_CLASSES
+
+        return list(dict.fromkeys(self.config.probes or PROBE_CLASSES))
+
+    def start(self) -> None:
+        """Attach every probe that can be; failures are logged and exported, not fatal."""
+        from tailsight.collector.exporter import ProbeStatus
+        from tailsight.probes.catalog import create_probe
+
+        make = self.create_probe or create_probe
+        for name in self.probe_names():
+            probe: Probe | None = None
+            try:
+                probe = make(name)
+                probe.attach()
+                first = as_snapshot(name, probe.read())
+                fds = dict(probe.program_fds())
+            except Exception as error:  # ProbeError, bcc's bare Exception, KeyError, ...
+                reason = " ".join(str(error).split()) or type(error).__name__
+                self.log(f"probe {name}: not attached: {reason}")
+                self.statuses[name] = ProbeStatus(attached=False, reason=reason)
+                if probe is not None:
+                    _close_quietly(probe)
+                continue
+            status = ProbeStatus(
+                attached=True, program_fds=fds, map_fill=getattr(probe, "map_fill", None)
+            )
+            self.statuses[name] = status
+            self.attached[name] = _Attached(probe, first, status)
+        self.started = list(self.attached)
+        self.last_end_ns = max(
+            (a.previous.taken_ns for a in self.attached.values()), default=time.time_ns()
+        )
+        if self.exporter is not None:
+            self.exporter.probes = self.statuses
+
+    def tick(self) -> HistDocument:
+        """Read every probe and emit the interval since the last tick (or since ``start``)."""
+        began_cpu = time.process_time()
+        document = HistDocument(start_ns=self.last_end_ns, end_ns=self.last_end_ns)
+        for name, entry in self.attached.items():
+            try:
+                now = as_snapshot(name, entry.probe.read())
+            except Exception as error:
+                entry.status.read_errors += 1
+                self.log(f"probe {name}: read failed: {error}")
+                continue
+            try:
+                interval = now.delta(entry.previous)
+            except ValueError as error:  # a map went backwards: restart from this reading
+                entry.status.read_errors += 1
+                self.log(f"probe {name}: reset ({error}); interval skipped")
+                entry.previous = now
+                continue
+            entry.previous = now
+            part = interval.to_document(document.start_ns, self.resolver.resolve_many)
+            document.series.extend(part.series)
+            document.counters.extend(part.counters)
+            document.end_ns = max(document.end_ns, part.end_ns)
+        if document.end_ns == document.start_ns:
+            document.end_ns = max(time.time_ns(), document.start_ns)
+        self.last_end_ns = document.end_ns
+        if self.exporter is not None:
+            self.exporter.update(document)
+        if self.writer is not None:
+            self.writer.append(document)
+        self.intervals += 1
+        self.last_tick_cpu_s = time.process_time() - began_cpu
+        return document
+
+    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
+        """Tick every interval on a fixed schedule until ``stop`` is set or the duration ends;
+        the last (partial) interval is emitted too, so nothing read is lost."""
+        began = time.monotonic()
+        deadline = None if duration_s is None else began + duration_s
+        next_tick = began + self.config.interval_s
+        while True:
+            wake = next_tick if deadline is None else min(next_tick, deadline)
+            if stop.wait(max(0.0, wake - time.monotonic())):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self.tick()
+            next_tick += self.config.interval_s
+            if next_tick < time.monotonic():  # fell behind (suspended, overloaded): skip ahead
+                next_tick = time.monotonic() + self.config.interval_s
+        self.tick()
+
+    def close(self) -> None:
+        """Detach every probe and close the recording; safe to call twice."""
+        for name, entry in list(self.attached.items()):
+            _close_quietly(entry.probe)
+            entry.status.attached = False
+            entry.status.reason = "stopped"
+            entry.status.program_fds = {}
+            del self.attached[name]
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _close_quietly(probe: Probe) -> None:
+    # Closing must not hide the error that made us close.
+    with contextlib.suppress(Exception):
+        probe.close()

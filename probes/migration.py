@@ -1,0 +1,291 @@
+"""CPU / NUMA-node migrations and NUMA balancing per cgroup of the migrated task: user side of
+``migration.bpf.c`` (what it counts and how it attributes is documented there).
+
+Counters (``Snapshot.counters``; cgroup values are ids until ``to_document``):
+``task_migrations{cgroup}``, ``task_migrations_cross_node{cgroup}``, ``numa_task_moves{cgroup}``,
+``numa_task_swaps{cgroup}``, ``numa_task_sticks{cgroup}``, ``migration_dropped_events{reason}``,
+and host-wide page migration from /proc/vmstat as ``host_<vmstat name>{scope="host"}``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
+from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
+
+PROBE_NAME: Final = "migration"
+# KIND_* in migration.bpf.c -> counter name.
+KINDS: Final = (
+    "task_migrations",
+    "task_migrations_cross_node",
+    "numa_task_moves",
+    "numa_task_swaps",
+    "numa_task_sticks",
+)
+DROPPED: Final = "migration_dropped_events"
+DROP_REASONS: Final = ("counter_full", "cpu_out_of_range")
+REQUIRED_TRACEPOINT: Final = "sched_migrate_task"
+# Host-wide page migration counters (not per cgroup: the kernel keeps them per host/node only).
+VMSTAT_COUNTERS: Final = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_migrated")
+HOST_PREFIX: Final = "host_"
+HOST_LABELS: Final = labels(scope="host")
+MAX_CPUS: Final = 8192  # MIGRATION_MAX_CPUS in migration.bpf.c
+_CONFIG_FILTER_ON: Final = 0
+_CONFIG_SELFCHECK_TID: Final = 1
+
+
+def read_vmstat(proc_root: Path | str = "/proc") -> dict[str, int]:
+    """The VMSTAT_COUNTERS this kernel has (``<proc_root>/vmstat``); missing ones are left out."""
+    values: dict[str, int] = {}
+    try:
+        text = (Path(proc_root) / "vmstat").read_text(encoding="ascii")
+    except OSError:
+        return values
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in VMSTAT_COUNTERS:
+            values[name] = int(value)
+    return values
+
+
+def resolve_task_cpu_offset(btf: Any) -> int:
+    """Byte offset of the task's CPU field: the first of TASK_CPU_CANDIDATES that BTF has."""
+    from tailsight.probes.btf import BtfError
+
+    tried = []
+    for struct, path in TASK_CPU_CANDIDATES:
+        try:
+            return int(btf.member(struct, path).byte_offset)
+        except BtfError as error:
+            tried.append(f"{struct}.{path}: {error}")
+    raise OffsetCheckError("cannot resolve TASK_CPU_OFF: " + "; ".join(tried))
+
+
+class MigrationProbe:
+    """Loads, attaches, self-checks and reads the migration probe.
+
+    ``topology``: CPU -> NUMA node map for the cross-node counter (default: read from
+    ``sysfs_root``).  ``cgroup_ids``: count only tasks of these cgroups (None: all).
+    """
+
+    name: Final = PROBE_NAME
+
+    def __init__(
+        self,
+        topology: CpuTopology | None = None,
+        cgroup_ids: Iterable[int] | None = None,
+        *,
+        sysfs_root: Path | str = DEFAULT_SYSFS_ROOT,
+        proc_root: Path | str = "/proc",
+        self_check: bool = True,
+        task_cpu_offset_override: int | None = None,
+    ) -> None:
+        self._topology = topology
+        self._sysfs_root = Path(sysfs_root)
+        self._proc_root = Path(proc_root)
+        self._filter = None if cgroup_ids is None else set(cgroup_ids)
+        self._self_check = self_check
+        self._cpu_offset_override = task_cpu_offset_override
+        self._bpf: Any = None
+        self._links: list[Any] = []
+        self.tracepoints: tuple[str, ...] = ()
+        """The tracepoints actually attached (NUMA ones only where the kernel has them)."""
+        self.cpu_offset_verified = False
+
+    @property
+    def topology(self) -> CpuTopology:
+        if self._topology is None:
+            self._topology = CpuTopology.from_sysfs(self._sysfs_root)
+        return self._topology
+
+    def attach(self) -> None:
+        """Compile, load the node map, attach, then check the CPU offset on our own thread.
+
+        NUMA-balancing tracepoints the kernel lacks (no ``btf_trace_<name>``) are left out;
+        sched_migrate_task is required.  OffsetCheckError if the CPU offset reads wrong.
+        """
+        from tailsight.probes.btf import Btf
+        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
+
+        if self._bpf is not None:
+            return
+        btf = Btf.load()
+        cpu_offset = self._cpu_offset_override
+        if cpu_offset is None:
+            cpu_offset = resolve_task_cpu_offset(btf)
+        wanted = [
+            tp
+            for tp in PROBE_TRACEPOINTS[PROBE_NAME]
+            if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
+        ]
+        bpf = compile_probe(PROBE_NAME, [f"-DTASK_CPU_OFF={cpu_offset}"])
+        self._bpf = bpf
+        try:
+            self.load_topology(self.topology)
+            self._sync_filter()
+            self._links = [attach_raw_tracepoints(bpf, PROBE_NAME, wanted)]
+            self.tracepoints = tuple(wanted)
+            if self._self_check:
+                self.cpu_offset_verified = check_task_cpu_offset(bpf, cpu_offset)
+        except BaseException:
+            self.close()
+            raise
+
+    def load_topology(self, topology: CpuTopology) -> None:
+        """Replace the kernel CPU -> node map (CPUs not in ``topology`` count as node 0)."""
+        self._topology = topology
+        if self._bpf is None:
+            return
+        table = self._bpf[b"migration_cpu_node"]
+        too_big = [cpu for cpu in topology.cpu_node if not 0 <= cpu < MAX_CPUS]
+        if too_big:
+            raise ValueError(f"CPUs beyond the node map ({MAX_CPUS}): {too_big[:5]}")
+        for cpu in range(MAX_CPUS):
+            node = topology.node_of(cpu)
+            if node or cpu in topology.cpu_node:
+                table[ctypes.c_int(cpu)] = ctypes.c_uint32(node)
+
+    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
+        """Count only tasks of these cgroup ids (None: all); takes effect at once."""
+        self._filter = None if cgroup_ids is None else set(cgroup_ids)
+        if self._bpf is not None:
+            self._sync_filter()
+
+    def _sync_filter(self) -> None:
+        table = self._bpf[b"migration_cgroup_allow"]
+        wanted = set() if self._filter is None else self._filter
+        present = {k.value for k in table}
+        for cgroup_id in present - wanted:
+            del table[table.Key(cgroup_id)]
+        for cgroup_id in wanted - present:
+            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+        _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
+
+    def read(self) -> Snapshot:
+        """Cumulative per-cgroup counters, drops and host-wide page migration, as of now."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        taken_ns = time.time_ns()
+        counters: dict[tuple[str, Labels], int] = {}
+        for key, value in self._bpf[b"migration_counts"].items():
+            counters[(KINDS[key.kind], labels(cgroup=int(key.cgroup_id)))] = int(value.value)
+        drops = self._bpf[b"migration_dropped_events"]
+        for index, reason in enumerate(DROP_REASONS):
+            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        for name, value in read_vmstat(self._proc_root).items():
+            counters[(HOST_PREFIX + name, HOST_LABELS)] = value
+        return Snapshot(PROBE_NAME, taken_ns, {}, counters)
+
+    def program_fds(self) -> dict[str, int]:
+        """Program fd per attached tracepoint (for BPF run-time stats)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in self.tracepoints}
+
+    def close(self) -> None:
+        """Detach and free the maps; safe to call twice."""
+        while self._links:
+            self._links.pop().close()
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self.tracepoints = ()
+
+    def __enter__(self) -> MigrationProbe:
+        self.attach()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _has_tracepoint(btf: Any, name: str) -> bool:
+    from tailsight.probes.btf import BtfError
+
+    try:
+        btf.tracepoint_args(name)
+    except BtfError:
+        return False
+    return True
+
+
+def _set_config(bpf: Any, slot: int, value: int) -> None:
+    bpf[b"migration_config"][ctypes.c_int(slot)] = ctypes.c_uint32(value)
+
+
+def _kernel_tid(tid: int) -> int:
+    """Outermost pid of a thread (``NSpid:``): what the kernel's task->pid holds."""
+    try:
+        for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return tid
+
+
+def check_task_cpu_offset(bpf: Any, cpu_offset: int) -> bool:
+    """Move a thread of ours from one CPU to another and check the probe saw exactly that.
+
+    Returns False (nothing to check) with fewer than two CPUs to move between, where no task
+    can migrate; raises OffsetCheckError on any disagreement.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return False
+    source_cpu, dest_cpu = cpus[0], cpus[1]
+    outcome: list[Any] = []
+
+    def move_self() -> None:
+        try:
+            tid = _kernel_tid(threading.get_native_id())
+            os.sched_setaffinity(0, {source_cpu})  # 0: the calling thread
+            _set_config(bpf, _CONFIG_SELFCHECK_TID, tid)
+            bpf[b"migration_selfcheck_record"].clear()
+            os.sched_setaffinity(0, {dest_cpu})
+            outcome.append(bpf[b"migration_selfcheck_record"][ctypes.c_int(0)])
+        except BaseException as error:
+            outcome.append(error)
+        finally:
+            _set_config(bpf, _CONFIG_SELFCHECK_TID, 0)
+
+    worker = threading.Thread(target=move_self, name="tailsight-cpucheck")
+    worker.start()
+    worker.join()
+    record = outcome[0]
+    if isinstance(record, BaseException):
+        raise record
+    seen = (int(record.hits), int(record.src_cpu), int(record.dest_cpu))
+    if seen[0] < 1 or seen[1:] != (source_cpu, dest_cpu):
+        raise OffsetCheckError(
+            f"task CPU offset TASK_CPU_OFF={cpu_offset} disagrees with a migration of our own "
+            f"thread from CPU {source_cpu} to {dest_cpu}: saw {seen[0]} migrations, last "
+            f"{seen[1]} -> {seen[2]}; refusing to use it"
+        )
+    return True
+
+
+def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:
+    """The raw tracepoint signatures migration.bpf.c reads (``ctx->args[i]``), for BTF checks."""
+    task = "struct task_struct *"
+    return {
+        "sched_migrate_task": [task, "int"],
+        "sched_move_numa": [task, "int", "int"],
+        "sched_swap_numa": [task, "int", task, "int"],
+        "sched_stick_numa": [task, "int", task, "int"],
+    }

@@ -1,0 +1,118 @@
+"""Socket syscall latency per (cgroup, syscall) as 5 µs histograms, errors per errno, outlier
+stacks: user side of ``netsyscall.bpf.c`` (what it measures and attributes is documented there)."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
+
+from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.bccprobe import BccProbe
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
+from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
+
+from tailsight.hist import Histogram
+
+PROBE_NAME: Final = "netsyscall"
+# Index i of the kernel's netsyscall_dropped_events array (DROP_* in netsyscall.bpf.c).
+DROP_REASONS: Final = ("start_update", "hist_full", "error_full")
+ERRORS: Final = "netsyscall_errors"
+DROPPED: Final = "netsyscall_dropped_events"
+
+
+def errno_name(value: int) -> str:
+    """``EAGAIN`` for 11; the number itself for one Python does not know."""
+    return errno.errorcode.get(value, str(value))
+
+
+class NetSyscallProbe(BccProbe):
+    """Loads, attaches and reads the socket syscall probe.
+
+    ``cgroup_ids``: if given, only calls from exactly these cgroup ids are recorded.  Calls
+    slower than ``max(outlier_floor_ns, P99 bucket of the cgroup)`` become outlier events with
+    the caller's stacks, at most ``outlier_rate_per_s`` per CPU.
+    """
+
+    name = PROBE_NAME
+    tracepoints = PROBE_TRACEPOINTS[PROBE_NAME]
+
+    def __init__(
+        self,
+        cgroup_ids: Iterable[int] | None = None,
+        outlier_floor_ns: int = DEFAULT_OUTLIER_FLOOR_NS,
+        outlier_rate_per_s: int = DEFAULT_OUTLIER_RATE_PER_S,
+    ) -> None:
+        super().__init__(cgroup_ids, outlier_floor_ns, outlier_rate_per_s)
+        self.numbers = net_syscall_numbers()
+        self._names = {number: name for name, number in self.numbers.items()}
+
+    def extra_cflags(self) -> list[str]:
+        """Syscall numbers of this architecture and the BTF offset of the pt_regs member
+        holding the syscall number (read at sys_exit)."""
+        from tailsight.probes.offsets import OffsetCheckError, resolve_offsets
+
+        field = syscall_nr_field()
+        offsets = resolve_offsets(fields={"PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field)})
+        if offsets["PT_REGS_SYSCALL_NR_OFF"] % 4:
+            raise OffsetCheckError(f"pt_regs.{field} is not 4-byte aligned")
+        flags = [f"-D{macro}={value}" for macro, value in offsets.items()]
+        flags += [f"-DNR_{name.upper()}={number}" for name, number in self.numbers.items()]
+        return flags
+
+    def outlier_detail(self) -> tuple[str, Callable[[int], str]]:
+        """Outlier events carry the syscall: at sys_exit the kernel stack no longer shows it."""
+        return ("syscall", self.syscall_name)
+
+    def syscall_name(self, number: int) -> str:
+        return self._names.get(number, str(number))
+
+    def read(self) -> Snapshot:
+        """Cumulative latency per (cgroup, syscall), errors per errno, drops, outlier stacks."""
+        bpf = self._require_bpf()
+        taken_ns = time.time_ns()
+        latency: dict[tuple[int, int], Histogram] = {}
+        for cell, count in bpf[b"netsyscall_latency_hist"].items():
+            hist = latency.get((cell.cgroup_id, cell.nr))
+            if hist is None:
+                hist = latency[(cell.cgroup_id, cell.nr)] = Histogram.empty()
+            hist.add_bucket(cell.bucket, count.value)
+        for series, totals in bpf[b"netsyscall_latency_totals"].items():
+            hist = latency.get((series.cgroup_id, series.nr))
+            if hist is None:
+                hist = latency[(series.cgroup_id, series.nr)] = Histogram.empty()
+            hist.sum_ns = totals.sum_ns
+        counters: dict[tuple[str, Labels], int] = {}
+        for error, count in bpf[b"netsyscall_errors"].items():
+            key = labels(
+                cgroup=error.cgroup_id,
+                syscall=self.syscall_name(error.nr),
+                errno=errno_name(error.errno_value),
+            )
+            counters[(ERRORS, key)] = counters.get((ERRORS, key), 0) + int(count.value)
+        drops = bpf[b"netsyscall_dropped_events"]
+        for index, reason in enumerate(DROP_REASONS):
+            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        per_cgroup: dict[int, Histogram] = {}
+        for (cgroup_id, _), hist in latency.items():
+            before = per_cgroup.get(cgroup_id)
+            per_cgroup[cgroup_id] = hist.copy() if before is None else before.merge(hist)
+        assert self.outliers is not None
+        self.outliers.drain()
+        self.outliers.update_thresholds(per_cgroup)
+        counters.update(self.outliers.counters(PROBE_NAME))
+        histograms = {
+            labels(cgroup=cgroup_id, syscall=self.syscall_name(nr)): hist
+            for (cgroup_id, nr), hist in latency.items()
+        }
+        return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+
+
+def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:
+    """The raw tracepoint signatures netsyscall.bpf.c reads (``ctx->args[i]``), for BTF checks."""
+    return {
+        "sys_enter": ["struct pt_regs *", "long int"],
+        "sys_exit": ["struct pt_regs *", "long int"],
+    }

@@ -1,0 +1,243 @@
+"""Outlier events (samples above their cgroup's threshold, sent with stack ids by
+``include/outlier.bpf.h``): read them, symbolize, count per (cgroup, kernel stack, user stack).
+
+The counts live in a probe's ``Snapshot.counters`` as ``<probe>_outlier_events`` labelled
+``cgroup``, ``kernel_stack`` and ``user_stack`` (folded ``"f1;f2;...;leaf"``), so deltas,
+documents and the live view need nothing beyond ``tailsight.hist/1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+from tailsight.probes.base import Labels, LabelValue, labels
+
+from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
+from tailsight.histfile import HistDocument
+
+OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
+OUTLIER_DROPPED_SUFFIX: Final = "_outlier_dropped"
+# Index i of <probe>_outlier_dropped (OUTLIER_DROP_* in outlier.bpf.h).
+OUTLIER_DROP_REASONS: Final = ("rate_limited", "ringbuf_full", "stack_lost")
+OUTLIER_QUANTILE: Final = 0.99
+MIN_THRESHOLD_SAMPLES: Final = 100
+"""Fewer samples than this in an interval leave a cgroup's threshold as it was."""
+LOST_STACK: Final = "[lost]"
+UNKNOWN_FRAME: Final = "[unknown]"  # bcc's name for an address it cannot symbolize
+NO_THRESHOLD_NS: Final = 2**64 - 1
+# Frames of the tracing machinery itself, above the tracepoint's caller (leaf side).
+TRACING_FRAME_PREFIXES: Final = ("bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_prog_")
+MAX_SYMBOL_CACHE: Final = 65536
+_STACK_LABELS: Final = frozenset({"probe", "cgroup", "kernel_stack", "user_stack"})
+DEFAULT_OUTLIER_FLOOR_NS: Final = 1_000_000
+DEFAULT_OUTLIER_RATE_PER_S: Final = 100
+
+
+def outlier_cflags(floor_ns: int, rate_per_s: int) -> list[str]:
+    """-D values for outlier.bpf.h: the global threshold floor and the per-CPU event rate."""
+    if floor_ns < 0 or rate_per_s < 1:
+        raise ValueError(f"need floor_ns >= 0 and rate_per_s >= 1, got {floor_ns}, {rate_per_s}")
+    return [f"-DOUTLIER_FLOOR_NS={floor_ns}ULL", f"-DOUTLIER_RATE_PER_S={rate_per_s}ULL"]
+
+
+class OutlierEvent(ctypes.Structure):
+    """``struct outlier_event`` of outlier.bpf.h."""
+
+    _fields_ = (
+        ("cgroup_id", ctypes.c_uint64),
+        ("value_ns", ctypes.c_uint64),
+        ("tgid", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("kernel_stack_id", ctypes.c_int32),
+        ("user_stack_id", ctypes.c_int32),
+        ("detail", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    )
+
+
+@dataclass(frozen=True)
+class OutlierStack:
+    """Outlier events of one probe and cgroup with one pair of stacks (folded, leaf last)."""
+
+    probe: str
+    cgroup: str
+    kernel_stack: str
+    user_stack: str
+    events: int
+    detail: str = ""  # other labels' values, e.g. the syscall
+
+
+def fold(leaf_first: Iterable[str], strip_tracing: bool = False) -> str:
+    """Frames as bcc walks them (leaf first) -> ``"root;...;leaf"``.
+
+    ``strip_tracing`` drops the BPF/tracepoint frames at the leaf end.  Runs of unknown frames
+    collapse into one: code built without frame pointers makes the unwinder read garbage
+    "frames", sometimes a hundred of them, that say nothing.
+    """
+    frames: list[str] = []
+    for name in leaf_first:
+        if strip_tracing and not frames and name.startswith(TRACING_FRAME_PREFIXES):
+            continue
+        if name == UNKNOWN_FRAME and frames and frames[-1] == UNKNOWN_FRAME:
+            continue
+        frames.append(name)
+    return ";".join(reversed(frames))
+
+
+def short_stack(folded: str, frames: int = 3) -> str:
+    """The leaf end of a folded stack, for an 80-column view."""
+    parts = folded.split(";") if folded else []
+    if len(parts) <= frames:
+        return folded or "-"
+    return "…;" + ";".join(parts[-frames:])
+
+
+def p99_bucket_upper_bound_ns(hist: Histogram) -> int:
+    """Upper bound of the bucket holding the P99 rank (``NO_THRESHOLD_NS`` if it overflows)."""
+    total = hist.count
+    if total == 0:
+        return NO_THRESHOLD_NS
+    cumulative = np.cumsum(hist.counts)
+    index = int(np.searchsorted(cumulative, OUTLIER_QUANTILE * total, side="left"))
+    if index >= NUM_BUCKETS:
+        return NO_THRESHOLD_NS
+    return int(bucket_upper_bounds_ns()[index])
+
+
+def top_outlier_stacks(document: HistDocument, limit: int = 5) -> list[OutlierStack]:
+    """The stacks with the most outlier events in a document, any probe."""
+    stacks = [
+        OutlierStack(
+            counter.labels.get("probe", counter.name.removesuffix(OUTLIER_EVENTS_SUFFIX)),
+            counter.labels.get("cgroup", "?"),
+            counter.labels.get("kernel_stack", ""),
+            counter.labels.get("user_stack", ""),
+            counter.value,
+            " ".join(v for k, v in sorted(counter.labels.items()) if k not in _STACK_LABELS),
+        )
+        for counter in document.counters
+        if counter.name.endswith(OUTLIER_EVENTS_SUFFIX) and counter.value > 0
+    ]
+    stacks.sort(key=lambda s: (-s.events, s.probe, s.cgroup, s.kernel_stack, s.user_stack))
+    return stacks[:limit]
+
+
+class OutlierStream:
+    """One probe's outlier maps (``<prefix>_outlier_*``): drains the ring buffer into
+    cumulative per-stack counts and keeps each cgroup's threshold at its current P99 bucket."""
+
+    def __init__(
+        self, bpf: Any, prefix: str, detail: tuple[str, Callable[[int], str]] | None = None
+    ) -> None:
+        """``detail``: (label name, naming function) for the event's probe-specific detail
+        field (netsyscall: ``("syscall", number -> name)``); None leaves it out."""
+        self._bpf = bpf
+        self.prefix = prefix
+        self._detail = detail
+        self._counts: dict[tuple[int, str, str, str], int] = {}
+        self._kernel_names: dict[int, str] = {}
+        self._user_names: dict[tuple[int, int], str] = {}
+        self._previous: dict[int, Histogram] = {}
+        self._thresholds: dict[int, int] = {}
+        self.callback_errors = 0
+        # bcc keeps a reference to the ctypes callback only as long as we do.
+        self._callback = self._on_event
+        bpf[f"{prefix}_outlier_events".encode()].open_ring_buffer(self._callback)
+
+    def _on_event(self, _ctx: Any, data: Any, _size: int) -> int:
+        try:
+            event = ctypes.cast(data, ctypes.POINTER(OutlierEvent)).contents
+            key = (
+                int(event.cgroup_id),
+                self._kernel_stack(int(event.kernel_stack_id)),
+                self._user_stack(int(event.user_stack_id), int(event.tgid)),
+                "" if self._detail is None else self._detail[1](int(event.detail)),
+            )
+            self._counts[key] = self._counts.get(key, 0) + 1
+        except Exception:  # an exception must not cross the C callback
+            self.callback_errors += 1
+        return 0
+
+    def _stack_addresses(self, stack_id: int) -> list[int]:
+        return list(self._bpf[f"{self.prefix}_outlier_stacks".encode()].walk(stack_id))
+
+    def _kernel_stack(self, stack_id: int) -> str:
+        if stack_id < 0:
+            return LOST_STACK if -stack_id in (errno.EEXIST, errno.ENOMEM) else ""
+        from bcc import BPF
+
+        names = []
+        for address in self._stack_addresses(stack_id):
+            name = self._kernel_names.get(address)
+            if name is None:
+                name = BPF.ksym(address).decode(errors="replace")
+                self._kernel_names[address] = name
+            names.append(name)
+        return fold(names, strip_tracing=True)
+
+    def _user_stack(self, stack_id: int, tgid: int) -> str:
+        if stack_id < 0:
+            return LOST_STACK if -stack_id in (errno.EEXIST, errno.ENOMEM) else ""
+        if len(self._user_names) > MAX_SYMBOL_CACHE:
+            self._user_names.clear()
+        names = []
+        for address in self._stack_addresses(stack_id):
+            name = self._user_names.get((tgid, address))
+            if name is None:
+                name = self._bpf.sym(address, tgid).decode(errors="replace")
+                self._user_names[(tgid, address)] = name
+            names.append(name)
+        return fold(names)
+
+    def drain(self) -> None:
+        """Symbolize and count every event waiting in the ring buffer (does not block)."""
+        self._bpf.ring_buffer_consume()
+
+    def counters(self, probe: str) -> dict[tuple[str, Labels], int]:
+        """Cumulative ``<probe>_outlier_events`` per stack and ``<probe>_outlier_dropped``."""
+        out: dict[tuple[str, Labels], int] = {}
+        for (cgroup_id, kernel_stack, user_stack, detail), events in self._counts.items():
+            values: dict[str, LabelValue] = {
+                "cgroup": cgroup_id,
+                "kernel_stack": kernel_stack,
+                "user_stack": user_stack,
+            }
+            if self._detail is not None:
+                values[self._detail[0]] = detail
+            out[(probe + OUTLIER_EVENTS_SUFFIX, labels(**values))] = events
+        dropped = self._bpf[f"{self.prefix}_outlier_dropped".encode()]
+        for index, reason in enumerate(OUTLIER_DROP_REASONS):
+            out[(probe + OUTLIER_DROPPED_SUFFIX, labels(reason=reason))] = int(
+                dropped.sum(index).value
+            )
+        return out
+
+    def update_thresholds(self, cumulative: Mapping[int, Histogram]) -> dict[int, int]:
+        """Threshold per cgroup = upper bound of the P99 bucket of its samples since the last
+        call (kept if fewer than MIN_THRESHOLD_SAMPLES); written to the kernel if changed."""
+        table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
+        for cgroup_id, hist in cumulative.items():
+            before = self._previous.get(cgroup_id)
+            interval = hist if before is None else hist.delta(before)
+            if interval.count < MIN_THRESHOLD_SAMPLES:
+                continue
+            self._previous[cgroup_id] = hist.copy()
+            threshold_ns = p99_bucket_upper_bound_ns(interval)
+            if self._thresholds.get(cgroup_id) != threshold_ns:
+                try:
+                    table[table.Key(cgroup_id)] = table.Leaf(threshold_ns)
+                except Exception:  # map full: the cgroup keeps the floor alone
+                    continue
+                self._thresholds[cgroup_id] = threshold_ns
+        return dict(self._thresholds)
+
+    def set_threshold(self, cgroup_id: int, threshold_ns: int) -> None:
+        """Pin a cgroup's threshold (tests, operators); the next P99 update may replace it."""
+        table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
+        table[table.Key(cgroup_id)] = table.Leaf(threshold_ns)
+        self._thresholds[cgroup_id] = threshold_ns

@@ -1,0 +1,298 @@
+"""TCP time-in-state, connect latency, lifetime and retransmits per socket cgroup: user side of
+``tcpstate.bpf.c`` (what it measures and how it attributes is documented there).
+
+Series labels (``Snapshot.histograms`` keys; cgroup values are ids until ``to_document``):
+``{cgroup, kind="time_in_state", from_state, to_state}``, ``{cgroup, kind="connect"}``,
+``{cgroup, kind="lifetime"}``, each with ``port`` (an allow-listed port or "other") when the
+probe was built with a port allow-list.  Counters: ``tcp_retransmits{cgroup}``,
+``tcp_retransmit_failures{cgroup}``, ``tcpstate_dropped_events{reason}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import socket
+import struct
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
+from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
+
+from tailsight.hist import Histogram
+
+PROBE_NAME: Final = "tcpstate"
+MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c
+OTHER_PORT: Final = "other"
+RETRANSMITS: Final = "tcp_retransmits"
+RETRANSMIT_FAILURES: Final = "tcp_retransmit_failures"
+DROPPED: Final = "tcpstate_dropped_events"
+# Index i of tcpstate_dropped_events (DROP_* in tcpstate.bpf.c).
+DROP_REASONS: Final = ("sock_table_full", "hist_full", "counter_full")
+# KIND_* in tcpstate.bpf.c.
+KINDS: Final = ("time_in_state", "connect", "lifetime")
+# include/net/tcp_states.h
+TCP_STATES: Final = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+    12: "NEW_SYN_RECV",
+    13: "BOUND_INACTIVE",
+}
+_CONFIG_FILTER_ON: Final = 0
+_CONFIG_SELFCHECK_PORT: Final = 1
+_IPPROTO_TCP: Final = 6
+
+
+def state_name(state: int) -> str:
+    """Kernel TCP state number as its tcp_states.h name (unknown numbers as "STATE_<n>")."""
+    return TCP_STATES.get(state, f"STATE_{state}")
+
+
+def series_labels(
+    cgroup_id: int, kind: int, from_state: int, to_state: int, port: int | None
+) -> Labels:
+    """Labels of one kernel series key; ``port`` None: the probe has no port labels."""
+    values: dict[str, LabelValue] = {"cgroup": cgroup_id, "kind": KINDS[kind]}
+    if KINDS[kind] == "time_in_state":
+        values["from_state"] = state_name(from_state)
+        values["to_state"] = state_name(to_state)
+    if port is not None:
+        values["port"] = str(port) if port else OTHER_PORT
+    return labels(**values)
+
+
+class TcpStateProbe:
+    """Loads, attaches, self-checks and reads the TCP state probe.
+
+    ``port_allow_list``: ports that get their own ``port`` label (at most 64; every other
+    connection is "other"); empty: no port label at all.  ``cgroup_ids``: record only sockets of
+    these cgroups (None: all).  ``self_check``: prove the socket offsets on a loopback
+    connection at attach (only tests that provoke a failure turn it off).
+    """
+
+    name: Final = PROBE_NAME
+
+    def __init__(
+        self,
+        port_allow_list: Iterable[int] = (),
+        cgroup_ids: Iterable[int] | None = None,
+        *,
+        self_check: bool = True,
+        offsets_override: Mapping[str, int] | None = None,
+    ) -> None:
+        ports = sorted(set(port_allow_list))
+        if len(ports) > MAX_PORT_LABELS:
+            raise ValueError(f"at most {MAX_PORT_LABELS} port labels, got {len(ports)}")
+        if any(not 0 < port < 65536 for port in ports):
+            raise ValueError(f"ports must be 1..65535: {ports}")
+        self.port_allow_list = tuple(ports)
+        self._filter = None if cgroup_ids is None else set(cgroup_ids)
+        self._self_check = self_check
+        self._offsets_override = dict(offsets_override or {})
+        self._bpf: Any = None
+        self._attached: Any = None
+
+    def attach(self) -> None:
+        """Compile with BTF offsets, attach both tracepoints, then self-check the sock offsets.
+
+        Raises OffsetCheckError (and leaves nothing attached) if the check fails.
+        """
+        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
+        from tailsight.probes.offsets import offset_cflags, resolve_offsets
+
+        if self._bpf is not None:
+            return
+        from tailsight.probes.btf import Btf
+
+        btf = Btf.load()
+        offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
+        cflags = offset_cflags(offsets)
+        if len(btf.tracepoint_args("tcp_retransmit_skb")) >= 3:
+            cflags.append("-DTCPSTATE_RETRANSMIT_HAS_ERR")
+        if self.port_allow_list:
+            cflags.append("-DTCPSTATE_PORT_LABELS")
+        bpf = compile_probe(PROBE_NAME, cflags)
+        self._bpf = bpf
+        try:
+            ports = bpf[b"tcpstate_port_allow"]
+            for port in self.port_allow_list:
+                ports[ports.Key(port)] = ctypes.c_uint8(1)
+            self._sync_filter()
+            self._attached = attach_raw_tracepoints(bpf, PROBE_NAME, PROBE_TRACEPOINTS[PROBE_NAME])
+            if self._self_check:
+                check_sock_offsets(bpf, offsets)
+        except BaseException:
+            self.close()
+            raise
+
+    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
+        """Record only sockets of these cgroup ids (None: all); takes effect at once."""
+        self._filter = None if cgroup_ids is None else set(cgroup_ids)
+        if self._bpf is not None:
+            self._sync_filter()
+
+    def _sync_filter(self) -> None:
+        table = self._bpf[b"tcpstate_cgroup_allow"]
+        wanted = set() if self._filter is None else self._filter
+        present = {k.value for k in table}
+        for cgroup_id in present - wanted:
+            del table[table.Key(cgroup_id)]
+        for cgroup_id in wanted - present:
+            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+        _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
+
+    def read(self) -> Snapshot:
+        """Cumulative histograms per series, retransmit counters and drops, as of now."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        bpf = self._bpf
+        taken_ns = time.time_ns()
+        with_port = bool(self.port_allow_list)
+
+        def key_of(series: Any) -> Labels:
+            port = int(series.port) if with_port else None
+            return series_labels(
+                int(series.cgroup_id),
+                int(series.kind),
+                int(series.from_state),
+                int(series.to_state),
+                port,
+            )
+
+        histograms: dict[Labels, Histogram] = {}
+        for cell, count in bpf[b"tcpstate_hist"].items():
+            key = key_of(cell.series)
+            hist = histograms.get(key)
+            if hist is None:
+                hist = histograms[key] = Histogram.empty()
+            hist.add_bucket(int(cell.bucket), int(count.value))
+        for series, totals in bpf[b"tcpstate_totals"].items():
+            key = key_of(series)
+            hist = histograms.get(key)
+            if hist is None:
+                hist = histograms[key] = Histogram.empty()
+            hist.sum_ns = int(totals.sum_ns)
+        counters: dict[tuple[str, Labels], int] = {}
+        for name, table in (
+            (RETRANSMITS, b"tcpstate_retransmits"),
+            (RETRANSMIT_FAILURES, b"tcpstate_retransmit_failures"),
+        ):
+            for cgroup_id, value in bpf[table].items():
+                counters[(name, labels(cgroup=int(cgroup_id.value)))] = int(value.value)
+        drops = bpf[b"tcpstate_dropped_events"]
+        for index, reason in enumerate(DROP_REASONS):
+            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+
+    def program_fds(self) -> dict[str, int]:
+        """Program fd per attached tracepoint (for BPF run-time stats)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in PROBE_TRACEPOINTS[PROBE_NAME]}
+
+    def close(self) -> None:
+        """Detach and free the maps; safe to call twice."""
+        if self._attached is not None:
+            self._attached.close()
+            self._attached = None
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def __enter__(self) -> TcpStateProbe:
+        self.attach()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _set_config(bpf: Any, slot: int, value: int) -> None:
+    table = bpf[b"tcpstate_config"]
+    table[ctypes.c_int(slot)] = ctypes.c_uint32(value)
+
+
+def own_cgroup_id(mounts_path: Path = DEFAULT_MOUNTS_PATH) -> int:
+    """Inode of this process's cgroup v2 directory (= the id the kernel gives its sockets)."""
+    for line in Path("/proc/self/cgroup").read_text(encoding="utf-8").splitlines():
+        if line.startswith("0::"):
+            return (find_cgroup2_mount(mounts_path) / line[3:].lstrip("/")).stat().st_ino
+    raise OffsetCheckError("/proc/self/cgroup has no cgroup v2 ('0::') line")
+
+
+def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 2.0) -> None:
+    """Connect on loopback from this process and compare what the probe read with the truth.
+
+    The active open's CLOSE -> SYN_SENT runs in our own thread, so the socket's cgroup must equal
+    both ``bpf_get_current_cgroup_id()`` and our cgroup directory's inode, and the ports must be
+    the ones we bound.  Raises OffsetCheckError naming the offsets on any disagreement.
+    """
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listen_port = int(listener.getsockname()[1])
+        _set_config(bpf, _CONFIG_SELFCHECK_PORT, listen_port)
+        stack.callback(_set_config, bpf, _CONFIG_SELFCHECK_PORT, 0)
+        client = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        # Reset on close: the socket reaches CLOSE at once, while its events are still ours.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.bind(("127.0.0.1", 0))  # so the port is set before SYN_SENT
+        client_port = int(client.getsockname()[1])
+        client.settimeout(timeout_s)
+        client.connect(("127.0.0.1", listen_port))
+        accepted, _ = listener.accept()
+        accepted.close()
+        record = bpf[b"tcpstate_selfcheck_record"][ctypes.c_int(0)]
+        expected_cgroup = own_cgroup_id()
+        where = ", ".join(f"{macro}={offsets.get(macro)}" for macro in SOCK_FIELDS)
+        if record.hits == 0:
+            raise OffsetCheckError(
+                "tcpstate self-check saw no SYN_SENT for its loopback connect to port "
+                f"{listen_port}: sock remote port or protocol offsets are wrong ({where})"
+            )
+        observed = {
+            "socket cgroup (SOCK_CGROUP_OFF)": (int(record.sock_cgroup_id), expected_cgroup),
+            "current cgroup (bpf helper)": (int(record.current_cgroup_id), expected_cgroup),
+            "local port (SOCK_NUM_OFF)": (int(record.local_port), client_port),
+            "remote port (SOCK_DPORT_OFF)": (int(record.remote_port), listen_port),
+            "protocol (SOCK_PROTOCOL_OFF)": (int(record.protocol), _IPPROTO_TCP),
+        }
+        problems = [
+            f"{what}: read {got}, expected {want}"
+            for what, (got, want) in observed.items()
+            if got != want
+        ]
+        if problems:
+            raise OffsetCheckError(
+                "socket offsets disagree with a loopback connection of known cgroup, refusing "
+                f"to use them ({where}): " + "; ".join(problems)
+            )
+
+
+def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:
+    """Leading raw tracepoint arguments tcpstate.bpf.c reads (``ctx->args[i]``), for BTF checks."""
+    return {
+        "inet_sock_set_state": ["const struct sock *", "const int", "const int"],
+        "tcp_retransmit_skb": ["const struct sock *", "const struct sk_buff *"],
+    }

@@ -1,0 +1,244 @@
+"""``tailsight record`` (full-resolution intervals to a recording directory) and ``tailsight show``
+(quantiles over time per probe and cgroup from one, as a table or JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final
+
+import typer
+
+if TYPE_CHECKING:
+    from tailsight.collector.store import SeriesArrays
+    from tailsight.histfile import HistDocument
+
+VIEW_WIDTH: Final = 80
+SHOW_QUANTILES: Final = (0.5, 0.99, 0.999)
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT_S: Final = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def record(
+    directory: Annotated[Path, typer.Argument(help="Recording directory (created; appended to).")],
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration", min=0.0, help="Seconds to record (default: until SIGTERM / Ctrl-C)."
+        ),
+    ] = None,
+    probe: Annotated[
+        list[str] | None,
+        typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.05, help="Seconds per recorded interval.")
+    ] = 1.0,
+    retention_age: Annotated[
+        float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")
+    ] = None,
+    retention_bytes: Annotated[
+        int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
+    ] = None,
+) -> None:
+    """Record per-cgroup latency histograms, one document per interval."""
+    from tailsight.cli.serve import _check_probes, build_agent, log_to_stderr, stop_on_signals
+    from tailsight.collector.config import CollectorConfig
+
+    try:
+        config = CollectorConfig(
+            probes=tuple(probe or ()),
+            interval_s=interval,
+            record_dir=directory,
+            retention_max_age_s=retention_age,
+            retention_max_bytes=retention_bytes,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    _check_probes(config)
+    stop = threading.Event()
+    agent = build_agent(config, log_to_stderr, export=False)
+    with stop_on_signals(stop):
+        try:
+            agent.start()
+            if not agent.attached:
+                log_to_stderr("nothing attached: run `tailsight doctor` to see why")
+                raise typer.Exit(1)
+            log_to_stderr(f"recording {', '.join(sorted(agent.attached))} to {directory}")
+            agent.run(stop, duration)
+        finally:
+            agent.close()
+    log_to_stderr(f"{agent.intervals} intervals recorded in {directory}")
+
+
+def parse_time(text: str, first_ns: int, last_ns: int) -> int:
+    """``+D`` after the recording's start, ``-D`` before its end (D like 30s, 5m, 250ms),
+    seconds since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
+    text = text.strip()
+    if text[:1] in "+-":
+        match = _DURATION.match(text[1:])
+        if match is None:
+            raise typer.BadParameter(f"bad duration {text!r} (e.g. -5m, +30s)")
+        offset_ns = int(float(match[1]) * _UNIT_S[match[2] or "s"] * 1e9)
+        return first_ns + offset_ns if text[0] == "+" else last_ns - offset_ns
+    try:
+        return int(float(text) * 1e9)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise typer.BadParameter(f"bad time {text!r}: {error}") from error
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1e9)
+
+
+def interval_quantiles(series: SeriesArrays, qs: tuple[float, ...]) -> list[list[float]]:
+    """Quantiles (ns, nan where empty) of every interval of a series, in time order."""
+    from tailsight.hist import NUM_BUCKETS, Histogram
+
+    out = []
+    for row, total in zip(series.counts, series.sum_ns, strict=True):
+        hist = Histogram(row[:NUM_BUCKETS], overflow=int(row[NUM_BUCKETS]), sum_ns=int(total))
+        out.append(hist.quantiles(qs))
+    return out
+
+
+def summarize(documents: list[HistDocument]) -> dict[str, Any]:
+    """Per series: overall quantiles, the worst interval's P99 and quantiles per interval."""
+    from tailsight.collector.store import counter_arrays, series_arrays
+    from tailsight.hist import NUM_BUCKETS, Histogram
+
+    summary: dict[str, Any] = {
+        "intervals": len(documents),
+        "start_ns": documents[0].start_ns if documents else None,
+        "end_ns": documents[-1].end_ns if documents else None,
+        "series": [],
+        "counters": [],
+    }
+    for series in series_arrays(documents):
+        total = series.counts.sum(axis=0)
+        overall = Histogram(
+            total[:NUM_BUCKETS], overflow=int(total[NUM_BUCKETS]), sum_ns=int(series.sum_ns.sum())
+        )
+        per_interval = interval_quantiles(series, SHOW_QUANTILES)
+        p99s = [row[1] for row in per_interval]
+        worst = max(range(len(p99s)), key=lambda t: -1.0 if math.isnan(p99s[t]) else p99s[t])
+        summary["series"].append(
+            {
+                "labels": dict(series.labels),
+                "count": overall.count,
+                "quantiles_ns": _named(overall.quantiles(SHOW_QUANTILES)),
+                "worst_p99_ns": _finite(p99s[worst]),
+                "worst_p99_end_ns": int(series.times_ns[worst]),
+                "times_ns": series.times_ns.tolist(),
+                "counts": series.counts.sum(axis=1).tolist(),
+                "interval_quantiles_ns": [_named(row) for row in per_interval],
+            }
+        )
+    for counter in counter_arrays(documents):
+        summary["counters"].append(
+            {
+                "name": counter.name,
+                "labels": dict(counter.labels),
+                "total": int(counter.values.sum()),
+            }
+        )
+    return summary
+
+
+def _named(values: list[float]) -> dict[str, float | None]:
+    return {f"p{q * 100:g}": _finite(v) for q, v in zip(SHOW_QUANTILES, values, strict=True)}
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _us(value_ns: float | None) -> str:
+    if value_ns is None:
+        return "-"
+    return f"{value_ns / 1e3:,.0f}" if value_ns >= 10_000 else f"{value_ns / 1e3:.1f}"
+
+
+def render(summary: dict[str, Any]) -> None:
+    """One row per probe series: events, P50/P99/P99.9 over the range, worst interval P99."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=min(Console().width, VIEW_WIDTH), highlight=False)
+    span_s = 0.0
+    if summary["intervals"]:
+        span_s = (summary["end_ns"] - summary["start_ns"]) / 1e9
+        started = datetime.fromtimestamp(summary["start_ns"] / 1e9, UTC)
+        console.print(
+            f"{summary['intervals']} intervals over {span_s:,.1f} s from "
+            f"{started:%Y-%m-%d %H:%M:%S} UTC",
+            markup=False,
+        )
+    table = Table(width=VIEW_WIDTH, pad_edge=False, title_justify="left")
+    table.add_column("probe / cgroup", overflow="fold", ratio=1)
+    for heading in ("events", "P50 µs", "P99 µs", "P99.9 µs", "worst P99"):
+        table.add_column(heading, justify="right", no_wrap=True)
+    for entry in sorted(summary["series"], key=lambda e: (-e["count"], str(e["labels"]))):
+        labels = dict(entry["labels"])
+        parts = [labels.pop("probe", "?")]
+        parts += [labels.pop(k) for k in ("what", "kind") if k in labels]
+        parts.append(labels.pop("cgroup", labels.pop("victim", "")))
+        parts += [value for _, value in sorted(labels.items())]
+        name = " ".join(p for p in parts if p)
+        q = entry["quantiles_ns"]
+        table.add_row(
+            name,
+            f"{entry['count']:,}",
+            _us(q["p50"]),
+            _us(q["p99"]),
+            _us(q["p99.9"]),
+            _us(entry["worst_p99_ns"]),
+        )
+    console.print(table)
+
+
+def show(
+    directory: Annotated[Path, typer.Argument(help="Recording directory.")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON, no table.")] = False,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="End, same forms as --since.")
+    ] = None,
+) -> None:
+    """Summarize a recording: quantiles over time per probe and cgroup."""
+    from tailsight.collector.store import Recording
+
+    try:
+        recording = Recording(directory)
+    except FileNotFoundError as error:
+        raise typer.BadParameter(str(error), param_hint="DIR") from error
+    documents = recording.documents()
+    if documents and (since is not None or until is not None):
+        first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
+        since_ns = None if since is None else parse_time(since, first_ns, last_ns)
+        until_ns = None if until is None else parse_time(until, first_ns, last_ns)
+        documents = [
+            d
+            for d in documents
+            if (since_ns is None or d.end_ns > since_ns)
+            and (until_ns is None or d.start_ns < until_ns)
+        ]
+    summary = summarize(documents)
+    summary["skipped_bytes"] = recording.skipped_bytes
+    if json_output:
+        sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+        return
+    render(summary)
+    if recording.skipped_bytes:
+        print(f"skipped {recording.skipped_bytes} torn or corrupt bytes", file=sys.stderr)

@@ -1,0 +1,234 @@
+"""``tailsight serve``: the collector as a Prometheus endpoint (127.0.0.1:9435 by default),
+optionally recording full-resolution intervals too; SIGTERM detaches and flushes."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from tailsight.collector.agent import Agent
+    from tailsight.collector.config import CollectorConfig
+    from tailsight.collector.endpoint import MetricsServer
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (loopback) -> (address, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(f"expected HOST:PORT, got {text!r}", param_hint="--listen")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def log_to_stderr(message: str) -> None:
+    """One line per event (attach failures, resets) on stderr."""
+    print(f"tailsight: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM / SIGINT set ``stop`` (the loop then detaches and flushes) instead of killing us."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def build_agent(config: CollectorConfig, log: Callable[[str], None], export: bool) -> Agent:
+    """An agent with an exporter (if ``export``) and a recording writer (if configured)."""
+    from tailsight.collector.agent import Agent
+    from tailsight.collector.cgroups import CgroupResolver
+    from tailsight.collector.exporter import PrometheusExporter
+    from tailsight.collector.store import RecordingWriter
+    from tailsight.probes.features import find_cgroup2_mount
+
+    root = config.cgroup_root or find_cgroup2_mount()
+    writer = None
+    if config.record_dir is not None:
+        writer = RecordingWriter(
+            config.record_dir,
+            max_age_s=config.retention_max_age_s,
+            max_bytes=config.retention_max_bytes,
+        )
+    exporter = PrometheusExporter(config) if export else None
+    return Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
+
+
+def run_serve(
+    config: CollectorConfig,
+    stop: threading.Event,
+    duration_s: float | None = None,
+    log: Callable[[str], None] = log_to_stderr,
+    on_ready: Callable[[Agent, MetricsServer], None] | None = None,
+) -> Agent:
+    """Attach, serve ``/metrics`` and tick until ``stop`` or the duration; always cleans up."""
+    from tailsight.collector.endpoint import MetricsServer, read_hash_file
+    from tailsight.probes.features import enable_bpf_stats
+
+    password_hash = None
+    if config.basic_auth_hash_file is not None:
+        password_hash = read_hash_file(config.basic_auth_hash_file)
+    agent = build_agent(config, log, export=True)
+    assert agent.exporter is not None
+    with contextlib.ExitStack() as stack:
+        stack.callback(agent.close)
+        try:
+            mechanism = stack.enter_context(enable_bpf_stats(config.proc_root))
+            agent.exporter.bpf_stats_enabled = True
+            log(f"BPF run-time stats on ({mechanism})")
+        except OSError as error:
+            log(f"BPF run-time stats unavailable: {error}")
+        agent.start()
+        if not agent.attached:
+            log("nothing attached: run `tailsight doctor` to see why")
+            return agent
+        server = MetricsServer(
+            agent.exporter.register(),
+            config.address,
+            config.port,
+            certfile=config.tls_certfile,
+            keyfile=config.tls_keyfile,
+            user=config.basic_auth_user,
+            password_hash=password_hash,
+        )
+        stack.callback(server.close)
+        attached = sorted(agent.attached)
+        log(f"serving {server.url}; probes attached: {', '.join(attached) or 'none'}")
+        if on_ready is not None:
+            on_ready(agent, server)
+        agent.run(stop, duration_s)
+    return agent
+
+
+def serve(
+    probe: Annotated[
+        list[str] | None,
+        typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
+    ] = None,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.05, help="Seconds between probe reads.")
+    ] = 1.0,
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT of /metrics (loopback by default).")
+    ] = "127.0.0.1:9435",
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", exists=True, help="PEM certificate: serve HTTPS.")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", exists=True, help="PEM private key for --tls-cert.")
+    ] = None,
+    basic_auth_user: Annotated[
+        str | None, typer.Option("--basic-auth-user", help="Require HTTP basic auth as USER.")
+    ] = None,
+    basic_auth_hash_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--basic-auth-hash-file",
+            exists=True,
+            help="File with the user's pbkdf2_sha256 hash (see --hash-password).",
+        ),
+    ] = None,
+    hash_password: Annotated[
+        bool,
+        typer.Option(
+            "--hash-password", help="Print the hash of a password read from stdin, and exit."
+        ),
+    ] = False,
+    cgroup_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cgroup-allow",
+            help="Regex (full match on the cgroup path) of cgroups that may get their own "
+            "label (repeatable; default all).",
+        ),
+    ] = None,
+    top_k: Annotated[
+        int, typer.Option("--top-k", min=0, help="Busiest cgroups labelled; the rest = other.")
+    ] = 20,
+    window: Annotated[
+        list[float] | None,
+        typer.Option("--window", min=0.1, help="Quantile window in seconds (repeatable)."),
+    ] = None,
+    record: Annotated[
+        Path | None, typer.Option("--record", help="Also record every interval in DIR.")
+    ] = None,
+    retention_age: Annotated[
+        float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")
+    ] = None,
+    retention_bytes: Annotated[
+        int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", min=0.0, help="Stop after S seconds.")
+    ] = None,
+) -> None:
+    """Serve per-cgroup latency histograms to Prometheus until SIGTERM / Ctrl-C."""
+    from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
+
+    if hash_password:
+        from tailsight.collector.endpoint import hash_password as make_hash
+
+        password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise typer.BadParameter("empty password on stdin", param_hint="--hash-password")
+        print(make_hash(password))
+        return
+    address, port = parse_listen(listen)
+    try:
+        config = CollectorConfig(
+            probes=tuple(probe or ()),
+            interval_s=interval,
+            address=address,
+            port=port,
+            tls_certfile=tls_cert,
+            tls_keyfile=tls_key,
+            basic_auth_user=basic_auth_user,
+            basic_auth_hash_file=basic_auth_hash_file,
+            quantile_windows_s=tuple(window or (DEFAULT_WINDOW_S,)),
+            cgroup_allow=tuple(cgroup_allow or ()),
+            top_k=top_k,
+            record_dir=record,
+            retention_max_age_s=retention_age,
+            retention_max_bytes=retention_bytes,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    _check_probes(config)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        try:
+            agent = run_serve(config, stop, duration)
+        except OSError as error:
+            log_to_stderr(f"cannot serve on {listen}: {error}")
+            raise typer.Exit(1) from error
+    if not agent.started:
+        raise typer.Exit(1)
+
+
+def _check_probes(config: CollectorConfig) -> None:
+    from tailsight.probes.catalog import PROBE_CLASSES
+
+    unknown = [p for p in config.probes if p not in PROBE_CLASSES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown probe(s) {unknown}; known: {sorted(PROBE_CLASSES)}", param_hint="--probe"
+        )

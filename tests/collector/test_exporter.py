@@ -1,0 +1,269 @@
+"""Prometheus exporter against hand-built documents: `le` counts exact against raw samples,
+top-K + other sums exact, windows, counters, self-metrics from a fake procfs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from tailsight.collector.config import CollectorConfig
+from tailsight.collector.exporter import (
+    COARSE_BOUNDS_NS,
+    ProbeStatus,
+    PrometheusExporter,
+    counter_metric,
+    metric_base,
+    window_label,
+)
+
+from tailsight.hist import BUCKET_WIDTH_NS, Histogram, bucket_upper_bounds_ns
+from tailsight.histfile import Counter, HistDocument, Series
+
+T0_NS = 1_700_000_000 * 10**9
+SECOND_NS = 10**9
+
+Samples = dict[tuple[str, ...], float]
+
+
+def scrape(exporter: PrometheusExporter) -> Samples:
+    """Every sample of one scrape, keyed by (name, sorted label pairs...)."""
+    text = generate_latest(exporter.register()).decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, *(f"{k}={v}" for k, v in sorted(sample.labels.items())))
+            out[key] = sample.value
+    return out
+
+
+def series_of(samples: Samples, name: str) -> dict[tuple[str, ...], float]:
+    return {k: v for k, v in samples.items() if k[0] == name}
+
+
+def doc(
+    t: int, per_cgroup: dict[str, np.ndarray], counters: list[Counter] | None = None
+) -> HistDocument:
+    series = [
+        Series({"probe": "runqueue", "cgroup": cgroup}, Histogram.from_samples(values))
+        for cgroup, values in per_cgroup.items()
+    ]
+    return HistDocument(T0_NS + t * SECOND_NS, T0_NS + (t + 1) * SECOND_NS, series, counters or [])
+
+
+def test_coarse_bounds_are_exact_model_bounds() -> None:
+    uppers = set(bucket_upper_bounds_ns().tolist())
+    assert all(b in uppers and b % BUCKET_WIDTH_NS == 0 for b in COARSE_BOUNDS_NS)
+    assert list(COARSE_BOUNDS_NS) == sorted(set(COARSE_BOUNDS_NS))
+    us = [5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+    assert list(COARSE_BOUNDS_NS[: len(us)]) == [u * 1000 for u in us]
+    assert COARSE_BOUNDS_NS[-1] == max(uppers)  # the model's last finite edge (~10.5 s)
+
+
+def test_bucket_counts_exact_against_raw_samples() -> None:
+    rng = np.random.default_rng(7)
+    first = (rng.lognormal(10.5, 1.5, 5000)).astype(np.int64)  # ~36 µs median, long tail
+    second = np.concatenate([rng.integers(0, 30_000, 997), [5_000, 10_000, 20_000, 11 * 10**9]])
+    exporter = PrometheusExporter(CollectorConfig(top_k=5))
+    exporter.update(doc(0, {"/a": first}))
+    exporter.update(doc(1, {"/a": second}))
+    samples = scrape(exporter)
+    both = np.concatenate([first, second])
+    base = ("tailsight_runqueue_wait_seconds_bucket", "cgroup=/a")
+    for bound_ns in COARSE_BOUNDS_NS:
+        le = repr(bound_ns / 1e9)
+        assert samples[(*base, f"le={le}", "probe=runqueue")] == int((both <= bound_ns).sum())
+    assert samples[(*base, "le=+Inf", "probe=runqueue")] == len(both)
+    labels = ("cgroup=/a", "probe=runqueue")
+    assert samples[("tailsight_runqueue_wait_seconds_count", *labels)] == len(both)
+    assert samples[("tailsight_runqueue_wait_seconds_sum", *labels)] == pytest.approx(
+        int(both.sum()) / 1e9, rel=1e-12
+    )
+
+
+def test_top_k_and_other_sums_exact() -> None:
+    rng = np.random.default_rng(8)
+    sizes = {f"/c{n}": 10 * (n + 1) for n in range(10)}  # /c9 busiest
+    raw = {cgroup: rng.integers(0, 3_000_000, size) for cgroup, size in sizes.items()}
+    exporter = PrometheusExporter(CollectorConfig(top_k=3))
+    exporter.update(doc(0, raw))
+    samples = scrape(exporter)
+    counts = series_of(samples, "tailsight_runqueue_wait_seconds_count")
+    assert {k[1] for k in counts} == {"cgroup=/c9", "cgroup=/c8", "cgroup=/c7", "cgroup=other"}
+    rest = np.concatenate([raw[f"/c{n}"] for n in range(7)])
+    assert counts[
+        ("tailsight_runqueue_wait_seconds_count", "cgroup=other", "probe=runqueue")
+    ] == len(rest)
+    for bound_ns in COARSE_BOUNDS_NS[:10]:
+        key = (
+            "tailsight_runqueue_wait_seconds_bucket",
+            "cgroup=other",
+            f"le={bound_ns / 1e9!r}",
+            "probe=runqueue",
+        )
+        assert samples[key] == int((rest <= bound_ns).sum())
+    assert samples[("tailsight_cgroups_folded", "probe=runqueue")] == 7
+    # Quantile gauges of "other" come from the merged full-resolution histograms.
+    p99 = samples[
+        (
+            "tailsight_runqueue_wait_quantile_seconds",
+            "cgroup=other",
+            "probe=runqueue",
+            "quantile=0.99",
+            "window=1s",
+        )
+    ]
+    assert abs(p99 * 1e9 - np.quantile(rest, 0.99)) <= BUCKET_WIDTH_NS
+
+
+def test_allow_regex_limits_who_gets_a_label() -> None:
+    values = np.arange(1, 100, dtype=np.int64) * 1000
+    exporter = PrometheusExporter(CollectorConfig(top_k=10, cgroup_allow=(r"/app/.*",)))
+    exporter.update(doc(0, {"/app/x": values, "/system": np.repeat(values, 5), "/app": values}))
+    counts = series_of(scrape(exporter), "tailsight_runqueue_wait_seconds_count")
+    assert counts == {
+        ("tailsight_runqueue_wait_seconds_count", "cgroup=/app/x", "probe=runqueue"): 99,
+        ("tailsight_runqueue_wait_seconds_count", "cgroup=other", "probe=runqueue"): 99 * 6,
+    }
+
+
+def test_churn_keeps_cardinality_bounded_and_other_monotonic() -> None:
+    exporter = PrometheusExporter(CollectorConfig(top_k=4, quantile_windows_s=(3.0,)))
+    other_before = 0.0
+    for t in range(40):
+        # Each interval: 10 fresh cgroups that live for two intervals, plus a steady one.
+        groups = {f"/churn/{t}-{n}": np.full(n + 1, 7_000) for n in range(10)}
+        groups |= {f"/churn/{t - 1}-{n}": np.full(n + 1, 7_000) for n in range(10) if t}
+        groups["/steady"] = np.full(100, 12_000)
+        exporter.update(doc(t, groups))
+        samples = scrape(exporter)
+        counts = series_of(samples, "tailsight_runqueue_wait_seconds_count")
+        assert len(counts) <= 4 + 1
+        assert (
+            "tailsight_runqueue_wait_seconds_count",
+            "cgroup=/steady",
+            "probe=runqueue",
+        ) in counts
+        other = counts[("tailsight_runqueue_wait_seconds_count", "cgroup=other", "probe=runqueue")]
+        assert other >= other_before
+        other_before = other
+        quantiles = series_of(samples, "tailsight_runqueue_wait_quantile_seconds")
+        assert len({k[1] for k in quantiles}) <= 4 + 1
+
+
+def test_window_quantiles_forget_old_intervals() -> None:
+    rng = np.random.default_rng(9)
+    slow = rng.integers(1_000_000, 2_000_000, 500)
+    fast = rng.integers(1_000, 50_000, 500)
+    exporter = PrometheusExporter(CollectorConfig(quantile_windows_s=(3.0,)))
+    exporter.update(doc(0, {"/a": slow}))
+    for t in range(1, 4):
+        exporter.update(doc(t, {"/a": fast}))
+        key = (
+            "tailsight_runqueue_wait_quantile_seconds",
+            "cgroup=/a",
+            "probe=runqueue",
+            "quantile=0.5",
+            "window=3s",
+        )
+        in_window = np.concatenate([slow] * (t < 3) + [fast] * min(t, 3))
+        expected = Histogram.from_samples(in_window).quantile(0.5)
+        assert scrape(exporter)[key] * 1e9 == pytest.approx(expected)
+        if t == 3:  # only fast samples left: numpy agrees within a bucket
+            assert abs(expected - np.quantile(in_window, 0.5)) <= BUCKET_WIDTH_NS
+    last = scrape(exporter)[
+        (
+            "tailsight_runqueue_wait_quantile_seconds",
+            "cgroup=/a",
+            "probe=runqueue",
+            "quantile=0.999",
+            "window=1s",
+        )
+    ]
+    assert last * 1e9 == pytest.approx(Histogram.from_samples(fast).quantile(0.999))
+
+
+def test_counters_exact_and_ns_become_seconds() -> None:
+    def counters(t: int) -> list[Counter]:
+        return [
+            Counter("runqueue_dropped_events", {"probe": "runqueue", "reason": "hist_full"}, 3 + t),
+            Counter(
+                "runqueue_displaced_wait_ns",
+                {"probe": "runqueue", "victim": "/v", "aggressor": "idle"},
+                1_500_000_000,
+            ),
+            Counter("task_migrations", {"probe": "migration", "cgroup": "/v"}, 11),
+        ]
+
+    exporter = PrometheusExporter()
+    for t in range(3):
+        exporter.update(doc(t, {"/v": np.array([1000])}, counters(t)))
+    samples = scrape(exporter)
+    assert (
+        samples[("tailsight_runqueue_dropped_events_total", "probe=runqueue", "reason=hist_full")]
+        == 12
+    )
+    assert samples[
+        (
+            "tailsight_runqueue_displaced_wait_seconds_total",
+            "aggressor=idle",
+            "probe=runqueue",
+            "victim=/v",
+        )
+    ] == pytest.approx(4.5)
+    # Migration has no histograms: its counters rank its cgroups.
+    assert (
+        samples[("tailsight_migration_task_migrations_total", "cgroup=/v", "probe=migration")] == 33
+    )
+
+
+def test_names() -> None:
+    assert metric_base("runqueue", {"cgroup": "/"}) == "tailsight_runqueue_wait"
+    assert metric_base("tcpstate", {"kind": "connect"}) == "tailsight_tcpstate_connect"
+    assert counter_metric("tcp_retransmits", "tcpstate") == (
+        "tailsight_tcpstate_tcp_retransmits",
+        1.0,
+    )
+    assert counter_metric("runqueue_x_ns", "runqueue") == ("tailsight_runqueue_x_seconds", 1e-9)
+    assert [window_label(s) for s in (1.0, 60.0, 0.5)] == ["1s", "60s", "500ms"]
+
+
+def test_tcpstate_kind_names_the_metric_and_is_not_a_label() -> None:
+    exporter = PrometheusExporter()
+    hist = Histogram.from_samples(np.array([100_000, 200_000]))
+    labels = {"probe": "tcpstate", "cgroup": "/s", "kind": "connect", "port": "443"}
+    exporter.update(HistDocument(T0_NS, T0_NS + SECOND_NS, [Series(labels, hist)], []))
+    samples = scrape(exporter)
+    assert (
+        samples[
+            ("tailsight_tcpstate_connect_seconds_count", "cgroup=/s", "port=443", "probe=tcpstate")
+        ]
+        == 2
+    )
+
+
+def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
+    fdinfo = tmp_path / "self" / "fdinfo"
+    fdinfo.mkdir(parents=True)
+    (fdinfo / "7").write_text("pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n")
+    exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
+    exporter.probes = {
+        "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}),
+        "tcpstate": ProbeStatus(False, reason="AttachError: inet_sock_set_state: EPERM"),
+    }
+    samples = scrape(exporter)
+    assert (
+        samples[("tailsight_bpf_program_runs_total", "probe=runqueue", "program=sched_switch")]
+        == 4242
+    )
+    assert samples[
+        ("tailsight_bpf_program_run_time_seconds_total", "probe=runqueue", "program=sched_switch")
+    ] == pytest.approx(0.123456789)
+    assert ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone") not in samples
+    assert samples[("tailsight_probe_attached", "probe=runqueue", "reason=")] == 1
+    reason = "reason=AttachError: inet_sock_set_state: EPERM"
+    assert samples[("tailsight_probe_attached", "probe=tcpstate", reason)] == 0
+    assert not math.isnan(samples[("tailsight_scrape_duration_seconds",)])

@@ -1,0 +1,316 @@
+"""End to end with a real Prometheus scraping the collector every second: after a known CPU
+contention workload, Prometheus' histogram_quantile over the exported buckets agrees with the P99
+numpy takes from the full-resolution recording (within the coarse bucket holding it), counts and
+counters agree exactly, and 200 short-lived cgroups do not grow the series count past K + 1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tailsight.collector.agent import Agent
+from tailsight.collector.config import CollectorConfig
+from tailsight.collector.endpoint import MetricsServer
+from tailsight.collector.exporter import COARSE_BOUNDS_NS
+from tailsight.collector.store import Recording
+
+from tailsight.cli.serve import build_agent
+from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
+from tailsight.workload import Task, Workload, contention, default_cpu, private_base
+
+PROMETHEUS = "/usr/bin/prometheus"
+K = 4
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Prometheus:
+    url: str
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def scalar(self, expr: str) -> float:
+        result = self.query(expr)
+        assert len(result) == 1, (expr, result)
+        return float(result[0]["value"][1])
+
+
+@contextlib.contextmanager
+def prometheus_scraping(target_port: int, tmp_path: Path) -> Iterator[Prometheus]:
+    """A real Prometheus on a free loopback port, scraping the target every second."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+        "scrape_configs:\n  - job_name: tailsight\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        prometheus = Prometheus(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "prometheus exited"
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2),
+            ):
+                break
+            assert time.monotonic() < deadline, "prometheus not ready after 60 s"
+            time.sleep(0.2)
+        yield prometheus
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass
+class Collector:
+    agent: Agent
+    server: MetricsServer
+    stop: threading.Event
+    thread: threading.Thread
+
+    def freeze(self) -> None:
+        """Stop ticking (the final interval is emitted); /metrics keeps serving that state."""
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def collector(config: CollectorConfig) -> Iterator[Collector]:
+    agent = build_agent(config, log=lambda message: None, export=True)
+    assert agent.exporter is not None
+    agent.start()
+    assert "runqueue" in agent.attached, agent.statuses
+    server = MetricsServer(agent.exporter.register(), config.address, config.port)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield Collector(agent, server, stop, thread)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        server.close()
+        agent.close()
+
+
+def wait_for_scrape_of(
+    prometheus: Prometheus, agent: Agent, timeout_s: float = 30, final: bool = True
+) -> None:
+    """Until Prometheus holds a scrape taken after the agent's last interval (``final``: the
+    agent has stopped ticking), or any scrape with at least one interval."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        intervals = agent.exporter.intervals if agent.exporter else 0
+        result = prometheus.query("tailsight_intervals_total")
+        scraped = float(result[0]["value"][1]) if result else -1
+        if (final and scraped == intervals) or (not final and scraped >= 1):
+            time.sleep(1.2)  # and one more scrape, so the instant query sees the final state
+            return
+        time.sleep(0.3)
+    raise AssertionError("prometheus never scraped the final state")
+
+
+def test_prometheus_agrees_with_the_recording(kernel_ready: None, tmp_path: Path) -> None:
+    if not Path(PROMETHEUS).exists():
+        pytest.skip("kernel: /usr/bin/prometheus missing (run `make setup`)")
+    base = private_base("prom")
+    port = free_port()
+    config = CollectorConfig(
+        probes=("runqueue",),
+        interval_s=0.5,
+        port=port,
+        quantile_windows_s=(5.0,),
+        cgroup_allow=(rf"/{re.escape(base)}/.*",),
+        top_k=K,
+        record_dir=tmp_path / "rec",
+    )
+    with (
+        collector(config) as running,
+        prometheus_scraping(port, tmp_path) as prometheus,
+        contention(base=base) as workload,
+    ):
+        time.sleep(5)
+        running.freeze()
+        victim = workload.cgroup_path("victim")
+        wait_for_scrape_of(prometheus, running.agent)
+        assert prometheus.scalar('up{job="tailsight"}') == 1
+        recording = Recording(config.record_dir)  # type: ignore[arg-type]
+        (series,) = recording.series(labels={"probe": "runqueue", "cgroup": victim})
+        counts = series.counts.sum(axis=0)
+        total = int(counts.sum())
+        assert total > 100
+
+        selector = f'{{cgroup="{victim}"}}'
+        exported = prometheus.scalar(f"tailsight_runqueue_wait_seconds_count{selector}")
+        assert exported == total
+        fine_cumulative = np.cumsum(counts[:NUM_BUCKETS])
+        uppers = bucket_upper_bounds_ns()
+        for bound_ns in COARSE_BOUNDS_NS:
+            le = f'{{cgroup="{victim}",le="{bound_ns / 1e9!r}"}}'
+            in_le = prometheus.scalar(f"tailsight_runqueue_wait_seconds_bucket{le}")
+            assert in_le == fine_cumulative[np.searchsorted(uppers, bound_ns)]
+
+        # numpy's P99 from full resolution: the fine bucket holding rank 0.99 * total.
+        fine = int(np.searchsorted(fine_cumulative, 0.99 * total, side="left"))
+        true_low, true_high = int(bucket_lower_bounds_ns()[fine]), int(uppers[fine])
+        coarse = int(np.searchsorted(COARSE_BOUNDS_NS, true_high, side="left"))
+        coarse_low = 0 if coarse == 0 else COARSE_BOUNDS_NS[coarse - 1]
+        coarse_high = COARSE_BOUNDS_NS[coarse]
+        assert coarse_low <= true_low and true_high <= coarse_high
+        p99_s = prometheus.scalar(
+            f"histogram_quantile(0.99, tailsight_runqueue_wait_seconds_bucket{selector})"
+        )
+        assert coarse_low <= p99_s * 1e9 <= coarse_high, (p99_s, coarse_low, coarse_high)
+
+        # Everything, folded or not, adds up to the recording's total; counters exactly too.
+        everything = sum(
+            int(s.counts.sum()) for s in recording.series(labels={"probe": "runqueue"})
+        )
+        assert prometheus.scalar("sum(tailsight_runqueue_wait_seconds_count)") == everything
+        switches = sum(
+            int(c.values.sum())
+            for c in recording.counters(labels={"probe": "runqueue", "victim": victim})
+            if c.name == "runqueue_displaced_switches"
+        )
+        exported_switches = prometheus.scalar(
+            f'sum(tailsight_runqueue_displaced_switches_total{{victim="{victim}"}})'
+        )
+        assert exported_switches == switches > 0
+
+
+def _short_lived(directory: Path, cpu: int) -> subprocess.Popen[bytes]:
+    """A shell that moves itself into ``directory`` and spins briefly (dash starts in ~1 ms)."""
+    script = (
+        f"echo $$ > {directory}/cgroup.procs && i=0; while [ $i -lt 4000 ]; do i=$((i+1)); done"
+    )
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL)
+    with contextlib.suppress(ProcessLookupError):
+        os.sched_setaffinity(proc.pid, {cpu})
+    return proc
+
+
+def _rmdir(directory: Path) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            directory.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Path) -> None:
+    if not Path(PROMETHEUS).exists():
+        pytest.skip("kernel: /usr/bin/prometheus missing (run `make setup`)")
+    base = private_base("churn")
+    port = free_port()
+    config = CollectorConfig(
+        probes=("runqueue",),
+        interval_s=0.5,
+        port=port,
+        quantile_windows_s=(2.0,),
+        cgroup_allow=(rf"/{re.escape(base)}/.*",),
+        top_k=K,
+    )
+    cpu = default_cpu()
+    # A steady spinner on the same CPU, so the short-lived ones wait on its run queue.
+    steady = Workload([Task("steady", cpu=cpu)], base=base)
+    per_cgroup = 22 + 2 + 4 * 2  # le buckets + _count + _sum, 4 quantiles x 2 windows
+    pairs = 2 * (K + 2) * (K + 3)  # displaced wait + switches per (victim, aggressor)
+    seen_cgroups: set[str] = set()
+    with (
+        collector(config) as running,
+        prometheus_scraping(port, tmp_path) as prometheus,
+        steady,
+    ):
+        wait_for_scrape_of(prometheus, running.agent, final=False)
+        churn_root = steady.mount / base / "churn"
+        churn_root.mkdir()
+        try:
+            fixed = None
+            last_check = time.monotonic()
+            for batch in range(20):
+                dirs = [churn_root / f"{batch}-{n}" for n in range(10)]
+                for directory in dirs:
+                    directory.mkdir()
+                procs = [_short_lived(directory, cpu) for directory in dirs]
+                for proc in procs:
+                    proc.wait(timeout=30)
+                for directory in dirs:
+                    _rmdir(directory)
+                if time.monotonic() - last_check >= 1.0:
+                    last_check = time.monotonic()
+                    labelled = prometheus.query(
+                        "count by (cgroup) (tailsight_runqueue_wait_seconds_count)"
+                    )
+                    seen_cgroups.update(r["metric"].get("cgroup", "") for r in labelled)
+                    assert len(labelled) <= K + 1
+                    quantiled = prometheus.query(
+                        "count by (cgroup) (tailsight_runqueue_wait_quantile_seconds)"
+                    )
+                    assert len(quantiled) <= K + 1
+                    if fixed is None:
+                        fixed = prometheus.scalar(
+                            'count({__name__=~"tailsight_.+",cgroup="",victim=""})'
+                        )
+                    total = prometheus.scalar('count({__name__=~"tailsight_.+"})')
+                    assert total <= fixed + per_cgroup * (K + 1) + pairs
+        finally:
+            for directory in churn_root.glob("*"):
+                with contextlib.suppress(OSError):
+                    _rmdir(directory)
+            _rmdir(churn_root)
+        running.freeze()
+        wait_for_scrape_of(prometheus, running.agent)
+        labelled = prometheus.query("count by (cgroup) (tailsight_runqueue_wait_seconds_count)")
+        assert len(labelled) <= K + 1
+    # The churn really reached the exporter: some short-lived cgroups held a label for a while.
+    assert any("/churn/" in c for c in seen_cgroups), seen_cgroups

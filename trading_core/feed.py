@@ -1,0 +1,371 @@
+"""Feed handler: MoldUDP64/ITCH 5.0 into the L3 book, over one of two interchangeable receive paths.
+
+``afxdp``: an XDP program (``xsk_redirect.bpf.c``, generic/SKB mode on the veth) steers the feed
+port's datagrams into an AF_XDP socket (copy mode, see ``afxdp.XDP_MODE``). ``udp``: a plain UDP
+socket drained with ``recvmmsg`` (one syscall per batch). Either way the handler tracks MoldUDP64
+sequence numbers, re-requests gaps from the exchange's re-request service (its answers come back
+to the request socket, which XDP passes to the stack), decodes each message and applies it to the
+book, stamping every stage into an optional ``StageTimer``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import select
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, Protocol
+
+from tailsight.trading_core import itch
+from tailsight.trading_core.book import Book, TradeEvent
+from tailsight.trading_core.moldudp64 import (
+    MoldReceiver,
+    MoldRequest,
+    decode_packet,
+    encode_request,
+)
+from tailsight.trading_core.netns import Topology, in_netns
+from tailsight.trading_core.timing import BOOK, DECODE, RECEIVE, StageTimer
+
+PATHS: Final = ("afxdp", "udp")
+XSK_PROGRAM: Final = Path(__file__).resolve().parent / "xsk_redirect.bpf.c"
+_MSG_DONTWAIT: Final = 0x40
+
+OnMessage = Callable[[int, itch.Message, TradeEvent | None], None]
+"""Called after the book took message ``sequence``: (sequence, message, trade it printed)."""
+
+
+class ReceivePath(Protocol):
+    """Where feed datagrams come from; ``receive`` never blocks."""
+
+    name: str
+    xdp_mode: str
+
+    def fileno(self) -> int: ...
+
+    def receive(self) -> list[bytes]: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = (
+        ("msg_name", ctypes.c_void_p),
+        ("msg_namelen", ctypes.c_uint32),
+        ("msg_iov", ctypes.POINTER(_IoVec)),
+        ("msg_iovlen", ctypes.c_size_t),
+        ("msg_control", ctypes.c_void_p),
+        ("msg_controllen", ctypes.c_size_t),
+        ("msg_flags", ctypes.c_int),
+    )
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = (("msg_hdr", _MsgHdr), ("msg_len", ctypes.c_uint))
+
+
+class UdpPath:
+    """Plain UDP socket on (trading_ip, feed_port), drained ``batch`` datagrams per recvmmsg."""
+
+    name = "udp"
+    xdp_mode = "none"
+
+    def __init__(self, ip: str, port: int, batch: int = 64, slot: int = 2048) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind((ip, port))
+        self.sock.setblocking(False)
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._slot = slot
+        self._buffer = ctypes.create_string_buffer(batch * slot)
+        self._view = memoryview(self._buffer).cast("B")
+        self._iovecs = (_IoVec * batch)()
+        self._headers = (_MMsgHdr * batch)()
+        base = ctypes.addressof(self._buffer)
+        for index in range(batch):
+            self._iovecs[index].iov_base = base + index * slot
+            self._iovecs[index].iov_len = slot
+            header = self._headers[index].msg_hdr
+            header.msg_iov = ctypes.pointer(self._iovecs[index])
+            header.msg_iovlen = 1
+        self._batch = batch
+        self.datagrams = 0
+        self.syscalls = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def receive(self) -> list[bytes]:
+        received: list[bytes] = []
+        while True:
+            count = self._libc.recvmmsg(
+                self.sock.fileno(), self._headers, self._batch, _MSG_DONTWAIT, None
+            )
+            self.syscalls += 1
+            if count <= 0:
+                return received  # EAGAIN: drained
+            view, slot = self._view, self._slot
+            for index in range(count):
+                start = index * slot
+                received.append(bytes(view[start : start + self._headers[index].msg_len]))
+            self.datagrams += count
+            if count < self._batch:
+                return received
+
+    def counters(self) -> dict[str, int]:
+        return {"udp_datagrams": self.datagrams, "udp_recvmmsg_calls": self.syscalls}
+
+    def close(self) -> None:
+        self._view.release()
+        self.sock.close()
+
+
+class AfXdpPath:
+    """XDP redirect of the feed port to an AF_XDP socket on ``ifname`` queue 0 (copy mode).
+
+    Construct it inside the interface's namespace: the attach resolves ``ifname`` there.
+    """
+
+    name = "afxdp"
+
+    def __init__(self, ifname: str, port: int, queue_id: int = 0) -> None:
+        import ctypes as ct
+
+        from bcc import BPF
+
+        from tailsight.probes.loader import compile_source
+        from tailsight.trading_core.afxdp import XDP_MODE, XskSocket, udp_payload
+
+        self.xdp_mode = XDP_MODE
+        self._udp_payload = udp_payload
+        self.ifname = ifname
+        self.port = port
+        self._bpf = compile_source(XSK_PROGRAM, [f"-DFEED_PORT={port}"])
+        self.xsk = XskSocket(ifname, queue_id)
+        try:
+            self._bpf["feed_sockets"][ct.c_int(queue_id)] = ct.c_int(self.xsk.fd)
+            program = self._bpf.load_func(b"xsk_redirect", BPF.XDP)
+            BPF.attach_xdp(ifname.encode(), program, BPF.XDP_FLAGS_SKB_MODE)
+        except Exception:
+            self.xsk.close()
+            raise
+        self._attached = True
+        self.not_feed = 0
+
+    def fileno(self) -> int:
+        return self.xsk.fd
+
+    def receive(self) -> list[bytes]:
+        payloads: list[bytes] = []
+        for frame in self.xsk.receive():
+            payload = self._udp_payload(frame, self.port)
+            if payload is None:
+                self.not_feed += 1
+            else:
+                payloads.append(payload)
+        return payloads
+
+    def counters(self) -> dict[str, int]:
+        redirected, passed = (int(v.value) for v in self._bpf["steering_frames"].values())
+        stats = self.xsk.stats()
+        return {
+            "xdp_redirected_frames": redirected,
+            "xdp_passed_frames": passed,
+            "xsk_frames": self.xsk.frames_received,
+            "xsk_rx_dropped": stats.rx_dropped,
+            "xsk_rx_ring_full": stats.rx_ring_full,
+            "xsk_fill_ring_empty": stats.rx_fill_ring_empty_descs,
+        }
+
+    def detach(self) -> None:
+        """Remove the XDP program (call inside the namespace)."""
+        from bcc import BPF
+
+        if self._attached:
+            BPF.remove_xdp(self.ifname.encode(), BPF.XDP_FLAGS_SKB_MODE)
+            self._attached = False
+
+    def close(self) -> None:
+        self.xsk.close()
+        self._bpf.cleanup()
+
+
+def open_path(path: str, topo: Topology) -> ReceivePath:
+    """Open a receive path for the feed of ``topo`` (inside its trading namespace)."""
+    if path not in PATHS:
+        raise ValueError(f"unknown receive path {path!r}; choose one of {', '.join(PATHS)}")
+    with in_netns(topo.trading_ns):
+        if path == "udp":
+            return UdpPath(topo.trading_ip, topo.feed_port)
+        return AfXdpPath(topo.trading_if, topo.feed_port)
+
+
+class FeedHandler:
+    """MoldUDP64 session -> sequence tracking -> ITCH decode -> L3 book, on one receive path.
+
+    Gaps are re-requested from ``(exchange_ip, rerequest_port)``; an unanswered request is sent
+    again after ``rerequest_timeout_ms``. ``on_message`` runs after the book took each message.
+    """
+
+    def __init__(
+        self,
+        topo: Topology,
+        path: str = "udp",
+        *,
+        book: Book | None = None,
+        timer: StageTimer | None = None,
+        on_message: OnMessage | None = None,
+        rerequest_timeout_ms: float = 20.0,
+    ) -> None:
+        self.topo = topo
+        self.book = book if book is not None else Book()
+        self.timer = timer
+        self.on_message = on_message
+        self.receiver = MoldReceiver()
+        self.rerequest_timeout_ns = int(rerequest_timeout_ms * 1e6)
+        self.path = open_path(path, topo)
+        with in_netns(topo.trading_ns):
+            self.request_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.request_sock.bind((topo.trading_ip, 0))
+        self.request_sock.setblocking(False)
+        self._poll = select.poll()
+        self._poll.register(self.path.fileno(), select.POLLIN)
+        self._poll.register(self.request_sock.fileno(), select.POLLIN)
+        self._last_request: tuple[int, int, int] | None = None  # start, count, sent at ns
+        self.packets = 0
+        self.retransmitted_packets = 0
+        self.recovered_messages = 0
+        self.gaps_detected = 0
+        self.rerequests_sent = 0
+        self.decode_errors = 0
+        self._gap_starts: set[int] = set()
+        self._readers: dict[int, Callable[[], None]] = {}
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Also wait on ``fd`` in ``poll`` and call ``callback`` when it is readable (order acks)."""
+        self._readers[fd] = callback
+        self._poll.register(fd, select.POLLIN)
+
+    @property
+    def complete(self) -> bool:
+        """End of session seen and every message up to it applied to the book."""
+        return self.receiver.complete
+
+    def poll(self, timeout_ms: int = 0) -> int:
+        """Wait up to ``timeout_ms`` for datagrams, process all that arrived; returns messages."""
+        events = self._poll.poll(timeout_ms)
+        delivered = 0
+        payloads = self.path.receive()
+        if payloads:
+            received_ns = time.perf_counter_ns()
+            for payload in payloads:
+                delivered += self._on_datagram(payload, received_ns, retransmission=False)
+        while True:
+            try:
+                payload = self.request_sock.recv(65536)
+            except BlockingIOError:
+                break
+            delivered += self._on_datagram(payload, time.perf_counter_ns(), retransmission=True)
+        self._maybe_rerequest()
+        for fd, _event in events:
+            reader = self._readers.get(fd)
+            if reader is not None:
+                reader()
+        return delivered
+
+    def _on_datagram(self, payload: bytes, received_ns: int, retransmission: bool) -> int:
+        try:
+            packet = decode_packet(payload)
+        except ValueError:
+            self.decode_errors += 1
+            return 0
+        self.packets += 1
+        delivery = self.receiver.on_packet(packet)
+        if retransmission:
+            self.retransmitted_packets += 1
+            first, end = packet.sequence_number, packet.next_sequence_number
+            self.recovered_messages += sum(1 for seq, _ in delivery.messages if first <= seq < end)
+        if delivery.request is not None and delivery.request.sequence_number not in self._gap_starts:
+            self._gap_starts.add(delivery.request.sequence_number)
+            self.gaps_detected += 1
+        timer, book, on_message = self.timer, self.book, self.on_message
+        capacity = timer.capacity if timer is not None else 0
+        for sequence, raw in delivery.messages:
+            row = sequence - 1
+            timed = timer is not None and row < capacity
+            if timed:
+                timer.stamps[row, RECEIVE] = received_ns  # type: ignore[union-attr]
+            try:
+                message = itch.decode(raw)
+            except ValueError:
+                self.decode_errors += 1
+                continue
+            if timed:
+                timer.stamps[row, DECODE] = time.perf_counter_ns()  # type: ignore[union-attr]
+                timer.exchange_ts_ns[row] = message.timestamp_ns  # type: ignore[union-attr]
+            trade = book.apply(message)
+            if timed:
+                timer.stamps[row, BOOK] = time.perf_counter_ns()  # type: ignore[union-attr]
+            if on_message is not None:
+                on_message(sequence, message, trade)
+        return len(delivery.messages)
+
+    def _maybe_rerequest(self) -> None:
+        gap = self.receiver.gap()
+        if gap is None or self.receiver.session is None:
+            return
+        start, count = gap
+        count = min(count, self.receiver.max_request)
+        now = time.perf_counter_ns()
+        last = self._last_request
+        if last is not None and last[:2] == (start, count) and now - last[2] < self.rerequest_timeout_ns:
+            return
+        request = encode_request(MoldRequest(self.receiver.session, start, count))
+        self.request_sock.sendto(request, (self.topo.exchange_ip, self.topo.rerequest_port))
+        self.rerequests_sent += 1
+        self._last_request = (start, count, now)
+
+    def run_until_complete(self, timeout_s: float) -> bool:
+        """Poll until the session is complete or ``timeout_s`` passes; True when complete."""
+        deadline = time.monotonic() + timeout_s
+        while not self.complete:
+            if time.monotonic() > deadline:
+                return False
+            self.poll(5)
+        return True
+
+    def counters(self) -> dict[str, int]:
+        """Session, gap and receive-path counters for the run's result document."""
+        return {
+            "packets": self.packets,
+            "messages": self.receiver.delivered,
+            "duplicates": self.receiver.duplicates,
+            "gaps_detected": self.gaps_detected,
+            "rerequests_sent": self.rerequests_sent,
+            "retransmitted_packets": self.retransmitted_packets,
+            "recovered_messages": self.recovered_messages,
+            "decode_errors": self.decode_errors,
+            **self.path.counters(),
+        }
+
+    def close(self) -> None:
+        """Detach XDP (if any) inside the namespace and close every socket."""
+        if isinstance(self.path, AfXdpPath):
+            with in_netns(self.topo.trading_ns):
+                self.path.detach()
+        self.path.close()
+        self.request_sock.close()
+
+    def __enter__(self) -> FeedHandler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
