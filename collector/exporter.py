@@ -36,6 +36,9 @@ OTHER_CGROUP: Final = "other"
 CGROUP_LABELS: Final = ("cgroup", "victim", "aggressor")
 # Label values that name no cgroup and are bounded by construction (id 0 = idle CPU).
 FIXED_CGROUP_NAMES: Final = frozenset({"idle", OTHER_CGROUP})
+# Labels that would make Prometheus cardinality unbounded: stacks (outlier events) and task ids
+# stay in the recording; the exporter sums over them.
+UNEXPORTED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
 # What a probe's histogram measures, for the metric name tailsight_<probe>_<what>_seconds; a
 # series label in WHAT_LABELS (e.g. tcpstate's kind="connect") names it instead and is consumed.
 PROBE_WHAT: Final[dict[str, str]] = {"runqueue": "wait", "netsyscall": "syscall"}
@@ -267,7 +270,7 @@ class PrometheusExporter:
         what = _what_label(labels) if histogram else None
         folded = {}
         for name, value in labels.items():
-            if name == what:
+            if name == what or name in UNEXPORTED_LABELS:
                 continue
             if name in CGROUP_LABELS and value not in kept and value not in FIXED_CGROUP_NAMES:
                 value = OTHER_CGROUP

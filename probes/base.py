@@ -3,6 +3,9 @@
 A probe's kernel maps are cumulative; ``read()`` turns them into a ``Snapshot`` whose labels still
 carry raw cgroup ids. Subtracting two snapshots gives an interval; ``to_document`` names the
 cgroups and yields one ``tailsight.hist/1`` document, the shape everything downstream consumes.
+Outlier stacks travel as ordinary counters, ``<probe>_outlier_events`` labelled ``cgroup``,
+``kernel_stack`` and ``user_stack`` (folded, leaf last; see ``outliers.py``): consumers with a
+cardinality budget (Prometheus) should drop or top-K them.
 """
 
 from __future__ import annotations
@@ -134,7 +137,11 @@ class Probe(Protocol):
         """Cumulative state as of now."""
 
     def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Record only these cgroup ids (None: all)."""
+        """Record only these cgroup ids (None: all).
+
+        Called before ``attach`` it decides whether the filter is compiled in; once attached
+        only the set of ids may change (switching between None and a set: ValueError).
+        """
 
     def program_fds(self) -> Mapping[str, int]:
         """Program fd per attached program, for kernel BPF run-time stats."""

@@ -13,20 +13,21 @@
  *
  * Attribution: both tracepoints run in the calling thread's process context, so `current` is
  * the caller and bpf_get_current_cgroup_id() is its cgroup (no task_struct reads needed).
- * Syscall numbers are -D values from tailsight/probes/syscalls.py (per `uname -m`); 32-bit
- * compat syscalls (other numbers) are not traced.
+ * Syscall numbers are -D values from tailsight/probes/syscalls.py (per `uname -m`).  Known
+ * gap: 32-bit compat (ia32) syscalls have their own numbering and are not told apart, so a
+ * 32-bit process's syscall whose number collides (ia32 45 = brk) would be counted.
  *
  * Hot path: every syscall on the machine runs these programs.  A non-socket syscall costs a
  * compare chain on its id (enter) or one probe read plus the compare chain (exit), no map access.
  *
- * Overhead (benchmarks/bench_netsyscall_overhead.py --quick: kernel BPF stats on the 2-vCPU dev
- * VM, each against an empty program on the same tracepoint in the same run; the loops caused
- * ~100% of the events):
- *   getpid loop (not traced): sys_enter 46.7 vs 45.8 ns/event (+1 ns: the compare chain),
- *                             sys_exit  81.6 vs 46.0 ns/event (+36 ns: the orig_ax probe read)
- *   UDP sendto (traced):      sys_enter 177.6 vs 50.4 ns/event (+127 ns: start map, clock)
- *                             sys_exit  266.9 vs 53.3 ns/event (+214 ns: 3 lookups, 3 atomics)
- * So every syscall on the host pays ~37 ns; a traced socket call ~340 ns more in all.
+ * Overhead (benchmarks/bench_netsyscall_overhead.py, 5 s per load: kernel BPF stats on the
+ * loaded 2-vCPU dev VM, each against an empty program on the same tracepoint in the same run;
+ * the loops caused 97% / 84% of the events):
+ *   getpid loop (not traced): sys_enter 47.6 vs 46.8 ns/event (+1 ns: the compare chain),
+ *                             sys_exit  83.9 vs 46.7 ns/event (+37 ns: the orig_ax probe read)
+ *   UDP sendto (traced):      sys_enter 165.6 vs 54.4 ns/event (+111 ns: start map, clock)
+ *                             sys_exit  261.9 vs 55.0 ns/event (+207 ns: 3 lookups, 3 atomics)
+ * So every syscall on the host pays ~38 ns; a traced socket call ~320 ns more in all.
  *
  * Outliers: a call slower than max(OUTLIER_FLOOR_NS, its cgroup's threshold) is sent through
  * netsyscall_outlier_events with the caller's kernel and user stacks, taken at sys_exit where

@@ -33,6 +33,8 @@ NO_THRESHOLD_NS: Final = 2**64 - 1
 # Frames of the tracing machinery itself, above the tracepoint's caller (leaf side).
 TRACING_FRAME_PREFIXES: Final = ("bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_prog_")
 MAX_SYMBOL_CACHE: Final = 65536
+STACK_MAP_RECYCLE: Final = 1024
+"""Half of OUTLIER_MAX_STACKS (outlier.bpf.h): symbolized ids deleted from the map past this."""
 _STACK_LABELS: Final = frozenset({"probe", "cgroup", "kernel_stack", "user_stack"})
 DEFAULT_OUTLIER_FLOOR_NS: Final = 1_000_000
 DEFAULT_OUTLIER_RATE_PER_S: Final = 100
@@ -132,16 +134,25 @@ class OutlierStream:
     cumulative per-stack counts and keeps each cgroup's threshold at its current P99 bucket."""
 
     def __init__(
-        self, bpf: Any, prefix: str, detail: tuple[str, Callable[[int], str]] | None = None
+        self,
+        bpf: Any,
+        prefix: str,
+        detail: tuple[str, Callable[[int], str]] | None = None,
+        kernel_symbol: Callable[[int], bytes] | None = None,
     ) -> None:
         """``detail``: (label name, naming function) for the event's probe-specific detail
-        field (netsyscall: ``("syscall", number -> name)``); None leaves it out."""
+        field (netsyscall: ``("syscall", number -> name)``); None leaves it out.
+        ``kernel_symbol``: address -> name (default bcc's ``BPF.ksym``)."""
         self._bpf = bpf
+        self._kernel_symbol = kernel_symbol
         self.prefix = prefix
         self._detail = detail
         self._counts: dict[tuple[int, str, str, str], int] = {}
         self._kernel_names: dict[int, str] = {}
         self._user_names: dict[tuple[int, int], str] = {}
+        # Folded stack per stack id (user: per (id, tgid), symbols differ between processes).
+        self._kernel_folded: dict[int, str] = {}
+        self._user_folded: dict[tuple[int, int], str] = {}
         self._previous: dict[int, Histogram] = {}
         self._thresholds: dict[int, int] = {}
         self.callback_errors = 0
@@ -163,40 +174,75 @@ class OutlierStream:
             self.callback_errors += 1
         return 0
 
-    def _stack_addresses(self, stack_id: int) -> list[int]:
-        return list(self._bpf[f"{self.prefix}_outlier_stacks".encode()].walk(stack_id))
+    def _stack_addresses(self, stack_id: int) -> list[int] | None:
+        """Addresses leaf first; None if the id is gone (recycled under an event in flight)."""
+        try:
+            return list(self._bpf[f"{self.prefix}_outlier_stacks".encode()].walk(stack_id))
+        except KeyError:
+            return None
 
     def _kernel_stack(self, stack_id: int) -> str:
         if stack_id < 0:
             return LOST_STACK if -stack_id in (errno.EEXIST, errno.ENOMEM) else ""
-        from bcc import BPF
+        folded = self._kernel_folded.get(stack_id)
+        if folded is not None:
+            return folded
+        if self._kernel_symbol is None:
+            from bcc import BPF
 
+            self._kernel_symbol = BPF.ksym
+        addresses = self._stack_addresses(stack_id)
+        if addresses is None:
+            return LOST_STACK
         names = []
-        for address in self._stack_addresses(stack_id):
+        for address in addresses:
             name = self._kernel_names.get(address)
             if name is None:
-                name = BPF.ksym(address).decode(errors="replace")
+                name = self._kernel_symbol(address).decode(errors="replace")
                 self._kernel_names[address] = name
             names.append(name)
-        return fold(names, strip_tracing=True)
+        folded = self._kernel_folded[stack_id] = fold(names, strip_tracing=True)
+        return folded
 
     def _user_stack(self, stack_id: int, tgid: int) -> str:
         if stack_id < 0:
             return LOST_STACK if -stack_id in (errno.EEXIST, errno.ENOMEM) else ""
+        folded = self._user_folded.get((stack_id, tgid))
+        if folded is not None:
+            return folded
+        addresses = self._stack_addresses(stack_id)
+        if addresses is None:
+            return LOST_STACK
         if len(self._user_names) > MAX_SYMBOL_CACHE:
             self._user_names.clear()
         names = []
-        for address in self._stack_addresses(stack_id):
+        for address in addresses:
             name = self._user_names.get((tgid, address))
             if name is None:
                 name = self._bpf.sym(address, tgid).decode(errors="replace")
                 self._user_names[(tgid, address)] = name
             names.append(name)
-        return fold(names)
+        folded = self._user_folded[(stack_id, tgid)] = fold(names)
+        return folded
 
     def drain(self) -> None:
-        """Symbolize and count every event waiting in the ring buffer (does not block)."""
+        """Symbolize and count every event waiting in the ring buffer (does not block).
+
+        Stack map entries are never freed by the kernel, so once half the map's worth have
+        been symbolized they are deleted: the map never fills (bcc's StackTrace.clear does
+        nothing).  An event still in flight that names a deleted id gets LOST_STACK.
+        """
         self._bpf.ring_buffer_consume()
+        if len(self._kernel_folded) + len(self._user_folded) < STACK_MAP_RECYCLE:
+            return
+        table = self._bpf[f"{self.prefix}_outlier_stacks".encode()]
+        for stack_id in {*self._kernel_folded, *(i for i, _ in self._user_folded)}:
+            try:
+                del table[table.Key(stack_id)]
+            except KeyError:
+                continue
+        self._kernel_folded.clear()
+        self._user_folded.clear()
 
     def counters(self, probe: str) -> dict[tuple[str, Labels], int]:
         """Cumulative ``<probe>_outlier_events`` per stack and ``<probe>_outlier_dropped``."""

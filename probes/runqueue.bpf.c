@@ -28,6 +28,8 @@
  * work, about 110 go to next's cgroup (four dependent probe reads), 150 to recording the sample
  * (three hash lookups, five atomic adds), the rest to the stamps, clock and helpers.  That is ~6%
  * of one CPU at 140k switches/s, ~0.5% at 10k/s.  sched_wakeup adds ~170-210 ns per wakeup.
+ * With outlier support (the same bench, 10 s, 154k switches/s): 471 vs 52 ns (9.0x), wakeup
+ * 166 ns: unchanged, since waits under the floor never touch the outlier maps.
  *
  * Known difference to schedstat: for a wakeup onto an idle CPU, run_delay comes out near 0 while
  * this probe measures ~10-20 µs of real time on the dev VM (the idle exit).  Most likely the

@@ -25,6 +25,7 @@ import selectors
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,7 @@ class ExchangeStats:
     logins: int = 0
     login_rejects: int = 0
     heartbeat_timeouts: int = 0
+    undecodable: int = 0  # replayed messages passed on without being understood
 
 
 @dataclass
@@ -244,6 +246,7 @@ class Exchange:
         self._lock = threading.RLock()
         self._market_go = threading.Event()
         self.market_done = threading.Event()
+        self.market_error: str | None = None  # the traceback if the replay failed
         self.session_ended = False
         self._threads: list[threading.Thread] = []
         self._feed: socket.socket | None = None
@@ -343,21 +346,37 @@ class Exchange:
         with self._lock:
             return list(self._accounts[username].stream)
 
+    # -- offline simulation (no sockets: nothing is sent, everything is stored) ---------------
+
+    def step_market(self, messages: Iterable[itch.Message | bytes]) -> None:
+        """Apply replayed market messages now, in this thread (instead of the market thread)."""
+        with self._lock:
+            out: list[itch.Message | bytes] = []
+            for message in messages:
+                raw = message if isinstance(message, bytes) else itch.encode(message)
+                self._apply_market(raw, out)
+            self._publish(out)
+
+    def handle(self, username: str, message: ouch.InboundMessage) -> None:
+        """Process one OUCH message from ``username`` as if it came over its session."""
+        self._on_message(username, ouch.encode(message))
+
     # -- feed -------------------------------------------------------------------------------
 
     def _send_packet(self, packet: bytes) -> None:
-        assert self._feed is not None
+        if self._feed is None:
+            return  # not started: an offline simulation (``step_market``/``handle``) only stores
         # ENOBUFS/ECONNREFUSED on a datagram: the receiver recovers it by re-request.
         with contextlib.suppress(OSError):
             self._feed.sendto(packet, (self.topo.trading_ip, self.topo.feed_port))
         self.stats.packets += 1
         self._last_packet = time.monotonic()
 
-    def _publish(self, messages: list[itch.Message]) -> None:
+    def _publish(self, messages: Sequence[itch.Message | bytes]) -> None:
         """Sequence, store and send (caller holds the lock, so packets leave in sequence)."""
         if not messages:
             return
-        wire = [itch.encode(m) for m in messages]
+        wire = [m if isinstance(m, bytes) else itch.encode(m) for m in messages]
         first = len(self._store) + 1
         self._store.extend(wire)
         self.stats.published_messages += len(wire)
@@ -414,6 +433,14 @@ class Exchange:
                 self.stats.retransmitted_messages += int.from_bytes(packet[18:20], "big")
 
     def _run_market(self) -> None:
+        try:
+            self._replay()
+        except Exception:
+            self.market_error = traceback.format_exc()
+            self.market_done.set()
+            raise
+
+    def _replay(self) -> None:
         self._market_go.wait()
         if self._stop.is_set():
             return
@@ -434,7 +461,7 @@ class Exchange:
                     time.sleep(delay)
                 next_packet_at = max(next_packet_at, time.monotonic()) + min_gap_s
             with self._lock:
-                out: list[itch.Message] = []
+                out: list[itch.Message | bytes] = []
                 for raw in batch:
                     self._apply_market(raw, out)
                 self._publish(out)
@@ -469,16 +496,21 @@ class Exchange:
 
     # -- market replay ----------------------------------------------------------------------
 
-    def _apply_market(self, raw: bytes, out: list[itch.Message]) -> None:
+    def _apply_market(self, raw: bytes, out: list[itch.Message | bytes]) -> None:
         """Apply one replayed message to the engine; append what is to be published to ``out``."""
         self.stats.market_messages += 1
-        message = itch.decode(raw)
+        try:
+            message = itch.decode(raw)
+        except ValueError:
+            self.stats.undecodable += 1
+            out.append(raw)  # not ours to judge: pass it on as the file has it
+            return
         self._market_ts_ns = message.timestamp_ns
         engine = self.engine
         if isinstance(message, itch.StockDirectory):
             self.locates[message.stock] = message.stock_locate
             self.symbols[message.stock_locate] = message.stock
-            out.append(message)
+            out.append(raw)
         elif isinstance(message, itch.AddOrder | itch.AddOrderMPID):
             self._market_add(
                 message,
@@ -486,29 +518,29 @@ class Exchange:
                 message.side,
                 message.price,
                 message.shares,
-                message,
+                raw,
                 out,
             )
         elif isinstance(message, itch.OrderExecuted | itch.OrderExecutedWithPrice):
             taken = engine.reduce(message.order_reference_number, message.executed_shares)
             if taken == message.executed_shares:
-                out.append(message)
+                out.append(raw)
             elif taken:
                 out.append(_with(message, executed_shares=taken))
         elif isinstance(message, itch.OrderCancel):
             taken = engine.reduce(message.order_reference_number, message.cancelled_shares)
             if taken == message.cancelled_shares:
-                out.append(message)
+                out.append(raw)
             elif taken:
                 out.append(_with(message, cancelled_shares=taken))
         elif isinstance(message, itch.OrderDelete):
             if engine.delete(message.order_reference_number):
-                out.append(message)
+                out.append(raw)
             self._consumed.pop(message.order_reference_number, None)
         elif isinstance(message, itch.OrderReplace):
-            self._market_replace(message, out)
+            self._market_replace(message, raw, out)
         else:
-            out.append(message)
+            out.append(raw)
 
     def _market_add(
         self,
@@ -517,11 +549,13 @@ class Exchange:
         side: str,
         price: int,
         shares: int,
-        original: itch.Message | None,
-        out: list[itch.Message],
+        original: bytes | None,
+        out: list[itch.Message | bytes],
     ) -> None:
         """A replayed order: trade it against crossing client orders, then rest the rest."""
         locate = message.stock_locate
+        # A live reference added again: the stale order goes first (as the L3 book does it).
+        self.engine.delete(ref)
         remaining = shares
         fills = self._cross_clients(locate, ref, side, price, shares)
         for fill in fills:
@@ -541,7 +575,9 @@ class Exchange:
         else:
             self._consumed[ref] = (locate, side)
 
-    def _market_replace(self, message: itch.OrderReplace, out: list[itch.Message]) -> None:
+    def _market_replace(
+        self, message: itch.OrderReplace, raw: bytes, out: list[itch.Message | bytes]
+    ) -> None:
         old = self.engine.orders.get(message.original_order_reference_number)
         if old is not None:
             locate, side = old.locate, old.side
@@ -552,8 +588,9 @@ class Exchange:
         new_ref = message.new_order_reference_number
         if old is not None and not self._crosses_client(locate, side, message.price):
             self.engine.delete(old.ref)
+            self.engine.delete(new_ref)  # a stale order on the new reference is evicted
             self.engine.add_resting(locate, new_ref, side, message.price, message.shares)
-            out.append(message)
+            out.append(raw)
             return
         if old is not None:
             self.engine.delete(old.ref)

@@ -136,7 +136,9 @@ class AfXdpPath:
 
     name = "afxdp"
 
-    def __init__(self, ifname: str, port: int, queue_id: int = 0) -> None:
+    def __init__(
+        self, ifname: str, port: int, queue_id: int = 0, frames: int = 4096, ring_size: int = 2048
+    ) -> None:
         import ctypes as ct
 
         from bcc import BPF
@@ -149,9 +151,9 @@ class AfXdpPath:
         self.ifname = ifname
         self.port = port
         self._bpf = compile_source(XSK_PROGRAM, [f"-DFEED_PORT={port}"])
-        self.xsk = XskSocket(ifname, queue_id)
+        self.xsk = XskSocket(ifname, queue_id, frames=frames, ring_size=ring_size)
         try:
-            self._bpf["feed_sockets"][ct.c_int(queue_id)] = ct.c_int(self.xsk.fd)
+            self._bpf[b"feed_sockets"][ct.c_int(queue_id)] = ct.c_int(self.xsk.fd)
             program = self._bpf.load_func(b"xsk_redirect", BPF.XDP)
             BPF.attach_xdp(ifname.encode(), program, BPF.XDP_FLAGS_SKB_MODE)
         except Exception:
@@ -174,7 +176,7 @@ class AfXdpPath:
         return payloads
 
     def counters(self) -> dict[str, int]:
-        redirected, passed = (int(v.value) for v in self._bpf["steering_frames"].values())
+        redirected, passed = (int(v.value) for v in self._bpf[b"steering_frames"].values())
         stats = self.xsk.stats()
         return {
             "xdp_redirected_frames": redirected,

@@ -41,6 +41,9 @@ CHUNK_SIZE = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"  # RFC 1952: ID1, ID2, CM = deflate
 # ITCH 5.0 messages are at most 50 bytes: a longer prefix is never a frame to skip or wait for.
 MAX_SPEC_LENGTH = max(itch.MESSAGE_LENGTHS.values())
+# Every message starts with type, stock locate, tracking number and timestamp (spec 1.2): a
+# shorter frame of unknown type is garbage, not a message to skip.
+MIN_MESSAGE_LENGTH = 1 + 2 + 2 + 6
 # Runs of zero prefixes between two frames are skipped, up to this many.
 MAX_ZERO_PREFIXES_BETWEEN = 64
 # Unread bytes needed to judge a frame: itself, a zero run, an odd (repaired or skipped) frame
@@ -175,10 +178,14 @@ class _Framer:
         return False
 
     def successor(self, at: int) -> int:
-        """How well the frame starting at ``at`` confirms the one before it: STRONG if it is
-        well-formed and lines up with its own successor (or the stream ends at ``at``), WEAK if
-        only one of the two holds or it is an odd frame (repaired or skipped) that lines up,
-        NONE otherwise."""
+        """How well the frame starting at ``at`` (after zero prefixes) confirms the one before.
+
+        STRONG: the stream ends, or a well-formed frame whose own successor lines up. WEAK: a
+        well-formed frame whose successor does not line up and inside which no confirmed frame
+        starts (damage after it, or a chance match in the bytes after a frame that gained
+        bytes). NONE: anything else, odd frames included: ITCH bodies are full of "00 xx" that
+        read as a prefix, so a frame off the spec proves nothing about the one before it.
+        """
         size = len(self.buf)
         for _ in range(MAX_ZERO_PREFIXES_BETWEEN):
             if at + 3 > size:
@@ -187,14 +194,28 @@ class _Framer:
             if length != 0:
                 spec = _SPEC.get(self.buf[at + 2])
                 if spec == length:
-                    return STRONG if self.lines_up(at + 2 + length) else WEAK
-                if spec is not None and self.frame_confirmed(at, spec):
-                    return WEAK
-                if length <= MAX_SPEC_LENGTH and self.frame_confirmed(at, length):
-                    return WEAK
+                    end = at + 2 + length
+                    if self.lines_up(end):
+                        return STRONG
+                    return WEAK if self.find_sync(at + 1, min(end, size)) is None else NONE
                 return NONE
             at += 2
         return NONE
+
+    @staticmethod
+    def odd_length(length: int) -> bool:
+        """Whether a frame off the spec (unknown type, bad length) may be skipped as a frame."""
+        return MIN_MESSAGE_LENGTH <= length <= MAX_SPEC_LENGTH
+
+    def repairable(self, at: int, spec: int) -> bool:
+        """Whether the frame at ``at`` may be taken with its spec length despite its prefix:
+        nothing well-formed starts inside it and the two frames after it line up."""
+        end = at + 2 + spec
+        return (
+            end <= len(self.buf)
+            and not self.header_inside(at + 1, end)
+            and self.successor(end) == STRONG
+        )
 
     def frame_confirmed(self, at: int, length: int) -> bool:
         """Trust a frame whose prefix is off the spec only if the next frame lines up after it
@@ -321,10 +342,14 @@ class _Framer:
                     f"{chr(type_byte)!r} frame of {length} bytes: next frame does not line up",
                 )
                 self.report.skipped_bytes += 2 + length
-                self.pos = end
-                self.garbage_start = self.base + end
+                self.pos = end  # what follows is judged afresh: an odd frame, garbage, ...
             return None
-        if spec is not None and self.frame_confirmed(at, spec):
+        if length > MAX_SPEC_LENGTH:
+            # Not a damaged prefix of a known frame nor a frame to skip: garbage (a repair here
+            # would turn random bytes with a type letter in them into messages).
+            self.resync(at + 1)
+            return None
+        if spec is not None and self.repairable(at, spec):
             self.report.add(
                 self.base + at,
                 IssueKind.LENGTH_REPAIRED,
@@ -332,7 +357,7 @@ class _Framer:
             )
             self.pos = at + 2 + spec
             return at + 2, spec
-        if length <= MAX_SPEC_LENGTH and self.frame_confirmed(at, length):
+        if self.odd_length(length) and self.frame_confirmed(at, length):
             if spec is not None:
                 kind, detail = IssueKind.BAD_LENGTH, f"{chr(type_byte)!r} prefix {length} != {spec}"
             else:
@@ -341,12 +366,7 @@ class _Framer:
             self.report.skipped_bytes += 2 + length
             self.pos = end
             return None
-        if (
-            self.eof
-            and end > size
-            and length <= MAX_SPEC_LENGTH
-            and self.find_sync(at + 1, size - 2) is None
-        ):
+        if self.eof and end > size and self.find_sync(at + 1, size - 2) is None:
             # Nothing after this point lines up: a frame cut off by the end of the stream.
             self.report.add(
                 self.base + at, IssueKind.TRUNCATED, f"{size - at} bytes at end of stream"

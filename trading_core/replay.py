@@ -202,6 +202,26 @@ class _ReplayExchange:
             "exchange_max_send_lag_ns": 0,
         }
 
+    def wait_for_start(self, control_fd: int) -> int:
+        """Serve order-entry logins until the parent sends t0 (perf_counter_ns)."""
+        while True:
+            readable, _, _ = select.select([control_fd, self.listener, *self.sessions], [], [])
+            for source in readable:
+                self._serve(source, 0)
+            if control_fd in readable:
+                (t0_ns,) = struct.unpack("=q", _read_exact(control_fd, 8))
+                return int(t0_ns)
+
+    def _serve(self, source: object, next_sequence: int) -> None:
+        if source is self.rerequests:
+            self._answer_rerequest(next_sequence)
+        elif source is self.listener:
+            connection, _ = self.listener.accept()
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sessions[connection] = soupbintcp.SoupFramer()
+        elif isinstance(source, socket.socket):
+            self._serve_orders(source)
+
     def run(self, t0_ns: int, control_fd: int) -> None:
         due = [t0_ns + offset for offset in self.offsets]
         count, sent, sequence = len(due), 0, 1
@@ -235,14 +255,7 @@ class _ReplayExchange:
                 [control_fd, self.rerequests, self.listener, *self.sessions], [], [], wait_ns / 1e9
             )
             for source in readable:
-                if source is self.rerequests:
-                    self._answer_rerequest(sequence)
-                elif source is self.listener:
-                    connection, _ = self.listener.accept()
-                    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self.sessions[connection] = soupbintcp.SoupFramer()
-                elif isinstance(source, socket.socket):
-                    self._serve_orders(source)
+                self._serve(source, sequence)
             if control_fd in readable:
                 return
 
@@ -319,8 +332,7 @@ class _ExchangeProcess:
                 with in_netns(topo.exchange_ns):
                     exchange = _ReplayExchange(topo, ticks, offsets_ns, cfg)
                 os.write(report_w, b"R")
-                (t0_ns,) = struct.unpack("=q", _read_exact(control_r, 8))
-                exchange.run(t0_ns, control_r)
+                exchange.run(exchange.wait_for_start(control_r), control_r)
                 exchange.close()
                 os.write(report_w, pickle.dumps(exchange.counters))
             except BaseException as error:
@@ -344,6 +356,8 @@ class _ExchangeProcess:
         """Stop the exchange and return its counters (publisher drops are kernel ground truth)."""
         with contextlib.suppress(OSError):
             os.write(self._control_w, b"S")
+            # EOF too: a child still waiting for t0 gives up instead of blocking forever.
+            os.close(self._control_w)
         chunks = []
         while chunk := os.read(self._report_r, 1 << 16):
             chunks.append(chunk)

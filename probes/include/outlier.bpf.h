@@ -20,7 +20,7 @@
 #define OUTLIER_RATE_PER_S 100ULL /* events per second per CPU, also the burst */
 #endif
 #ifndef OUTLIER_MAX_STACKS
-#define OUTLIER_MAX_STACKS 8192
+#define OUTLIER_MAX_STACKS 2048 /* 1 KiB each (127 frames), preallocated: 2 MiB */
 #endif
 #ifndef OUTLIER_RINGBUF_PAGES
 #define OUTLIER_RINGBUF_PAGES 64 /* 256 KiB: ~6500 events between two reads */

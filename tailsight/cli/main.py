@@ -2,7 +2,7 @@
 
 import typer
 
-from tailsight.cli import doctor, gate, itch, record, serve, trace
+from tailsight.cli import doctor, gate, itch, record, serve, trace, trading
 
 app = typer.Typer(
     name="tailsight",
@@ -17,3 +17,4 @@ app.command("serve")(serve.serve)
 app.command("show")(record.show)
 app.command("trace")(trace.trace)
 app.add_typer(itch.app, name="itch")
+app.add_typer(trading.app, name="trading")

@@ -254,7 +254,9 @@ def run_live(
 def trace(
     probe: Annotated[
         list[str] | None,
-        typer.Option("--probe", help=f"Probe to attach (repeatable; default all: {KNOWN_PROBES})."),
+        typer.Option(
+            "--probe", help=f"Probe to attach (repeatable; default all: {', '.join(KNOWN_PROBES)})."
+        ),
     ] = None,
     duration: Annotated[
         float | None, typer.Option("--duration", min=0.0, help="Seconds to run (default: Ctrl-C).")

@@ -267,3 +267,22 @@ def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
     reason = "reason=AttachError: inet_sock_set_state: EPERM"
     assert samples[("tailsight_probe_attached", "probe=tcpstate", reason)] == 0
     assert not math.isnan(samples[("tailsight_scrape_duration_seconds",)])
+
+
+def test_stack_labels_are_summed_away() -> None:
+    counters = [
+        Counter(
+            "runqueue_outlier_events",
+            {"probe": "runqueue", "cgroup": "/v", "kernel_stack": f"k{n}", "user_stack": "u"},
+            n + 1,
+        )
+        for n in range(50)
+    ]
+    exporter = PrometheusExporter()
+    exporter.update(doc(0, {"/v": np.array([1000])}, counters))
+    outliers = series_of(scrape(exporter), "tailsight_runqueue_outlier_events_total")
+    assert outliers == {
+        ("tailsight_runqueue_outlier_events_total", "cgroup=/v", "probe=runqueue"): sum(
+            range(1, 51)
+        )
+    }

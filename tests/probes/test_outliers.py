@@ -3,18 +3,25 @@ live events with stacks from both probes, counted against what the workload trul
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import signal
 import time
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
-from tailsight.probes.base import Labels, Snapshot
+from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     LOST_STACK,
     NO_THRESHOLD_NS,
+    OutlierEvent,
+    OutlierStream,
     fold,
     outlier_cflags,
     p99_bucket_upper_bound_ns,
@@ -229,3 +236,110 @@ def test_runqueue_outliers_under_contention_carry_victim_stacks(kernel_ready: No
     untraced = snapshot.counters[(DROPPED, (("reason", "untraced_switch"),))]
     assert accounted <= above <= accounted + untraced + 2
     assert isinstance(snapshot.histograms, Mapping)
+
+
+class _FakeTable(dict[Any, Any]):
+    """Just enough of a bcc table: keys and leaves are plain values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callback: Any = None
+
+    @staticmethod
+    def Key(value: int) -> int:
+        return value
+
+    Leaf = Key
+
+    def open_ring_buffer(self, callback: Any) -> None:
+        self.callback = callback
+
+    def walk(self, stack_id: int) -> Any:
+        return iter(self[stack_id])  # KeyError for an id that is gone, like bcc
+
+    def sum(self, index: int) -> Any:
+        return SimpleNamespace(value=self.get(index, 0))
+
+
+class _FakeBpf:
+    def __init__(self) -> None:
+        self.tables: dict[str, _FakeTable] = defaultdict(_FakeTable)
+        self.pending: list[OutlierEvent] = []
+        self.symbolized: list[tuple[int, int]] = []
+
+    def __getitem__(self, name: bytes) -> _FakeTable:
+        return self.tables[name.decode()]
+
+    def ring_buffer_consume(self) -> None:
+        callback = self.tables["x_outlier_events"].callback
+        while self.pending:
+            event = self.pending.pop(0)
+            callback(None, ctypes.addressof(event), ctypes.sizeof(event))
+
+    def sym(self, address: int, tgid: int) -> bytes:
+        self.symbolized.append((address, tgid))
+        return f"u{address}".encode() if address != 99 else b"[unknown]"
+
+
+def _event(cgroup_id: int, kernel: int, user: int, tgid: int = 10, detail: int = 0) -> OutlierEvent:
+    return OutlierEvent(cgroup_id, 5_000_000, tgid, tgid, kernel, user, detail, 0)
+
+
+def test_stream_counts_symbolizes_once_and_recycles_the_stack_map(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tailsight.probes import outliers
+
+    bpf = _FakeBpf()
+    stacks = bpf.tables["x_outlier_stacks"]
+    stacks[1] = [0xA2, 0xA1, 0xA0]  # kernel, leaf first
+    stacks[2] = [2, 99, 99, 1]  # user, leaf first
+    bpf.tables["x_outlier_dropped"][0] = 4
+    kernel_names = {0xA2: b"bpf_trace_run2", 0xA1: b"leaf", 0xA0: b"root"}
+    looked_up: list[int] = []
+
+    def ksym(address: int) -> bytes:
+        looked_up.append(address)
+        return kernel_names[address]
+
+    stream = OutlierStream(bpf, "x", ("syscall", lambda n: f"nr{n}"), kernel_symbol=ksym)
+    bpf.pending = [_event(5, 1, 2, detail=45), _event(5, 1, 2, detail=45),
+                   _event(6, -errno.EEXIST, -errno.EFAULT, detail=44)]  # fmt: skip
+    stream.drain()
+    counters = stream.counters("x")
+    events = {k: n for (name, k), n in counters.items() if name == "x_outlier_events"}
+    assert events == {
+        labels(cgroup=5, kernel_stack="root;leaf", user_stack="u1;[unknown];u2", syscall="nr45"): 2,
+        labels(cgroup=6, kernel_stack=LOST_STACK, user_stack="", syscall="nr44"): 1,
+    }
+    assert counters[("x_outlier_dropped", labels(reason="rate_limited"))] == 4
+    assert sorted(looked_up) == [0xA0, 0xA1, 0xA2]  # each address once, each stack folded once
+    assert sorted(bpf.symbolized) == [(1, 10), (2, 10), (99, 10)]
+    assert stream.callback_errors == 0
+
+    monkeypatch.setattr(outliers, "STACK_MAP_RECYCLE", 2)
+    bpf.pending = [_event(5, 1, 2, detail=45)]
+    stream.drain()
+    assert 1 not in stacks and 2 not in stacks  # symbolized ids freed for new stacks
+    bpf.pending = [_event(5, 1, 2, detail=45)]  # in flight across the recycling: lost, counted
+    stream.drain()
+    events = {k: n for (name, k), n in stream.counters("x").items() if name == "x_outlier_events"}
+    assert events[labels(cgroup=5, kernel_stack=LOST_STACK, user_stack=LOST_STACK,
+                         syscall="nr45")] == 1  # fmt: skip
+
+
+def test_thresholds_follow_the_interval_p99_with_enough_samples() -> None:
+    bpf = _FakeBpf()
+    stream = OutlierStream(bpf, "x")
+    thresholds = bpf.tables["x_outlier_threshold"]
+    fast = Histogram.from_samples([10_000] * 100)  # P99 in bucket (5, 10] µs
+    few = Histogram.from_samples([10_000] * 99)
+    assert stream.update_thresholds({1: fast, 2: few}) == {1: 10_000}
+    assert dict(thresholds) == {1: 10_000}
+    # the next interval (cumulative minus what was seen) is slower: the threshold follows it
+    slower = fast.merge(Histogram.from_samples([2_000_000] * 100))
+    stream.update_thresholds({1: slower, 2: few})
+    assert thresholds[1] == 2_000_000
+    # too few new samples: kept
+    stream.update_thresholds({1: slower.merge(Histogram.from_samples([1] * 50))})
+    assert thresholds[1] == 2_000_000

@@ -7,18 +7,21 @@ import queue
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from netns_helpers import FeedListener, drop_every_nth, dropped_packets, topo_fixture  # noqa: F401
-from tailsight.trading_core import itch
+from tailsight.trading_core import itch, ouch
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.exchange import CLIENT_REF_BASE, Exchange, directory_messages
-from tailsight.trading_core.gateway import IOC, Gateway
+from tailsight.trading_core.gateway import DAY, IOC, Gateway
 from tailsight.trading_core.itch_file import iter_itch
 from tailsight.trading_core.market import generate_day, write_day
 from tailsight.trading_core.netns import Topology
 
-pytestmark = pytest.mark.kernel
+ACCOUNTS = {"ALICE": "alicepw", "BOB": "bobpw"}
 
 
+@pytest.mark.kernel
 def test_generated_day_arrives_complete_and_in_order(topo: Topology) -> None:
     day = [itch.encode(m) for m in generate_day(11, 6, 30_000)]
     with FeedListener(topo) as feed, Exchange(topo, day) as exchange:
@@ -29,6 +32,7 @@ def test_generated_day_arrives_complete_and_in_order(topo: Topology) -> None:
     assert exchange.stats.packets < len(day) / 10  # messages are packed, not one per datagram
 
 
+@pytest.mark.kernel
 def test_gaps_from_real_packet_loss_are_recovered_by_rerequest(topo: Topology) -> None:
     drop_every_nth(topo.trading_ns, topo.feed_port, 7)
     day = [itch.encode(m) for m in generate_day(12, 4, 15_000)]
@@ -41,6 +45,7 @@ def test_gaps_from_real_packet_loss_are_recovered_by_rerequest(topo: Topology) -
     assert feed.messages == day
 
 
+@pytest.mark.kernel
 def test_heartbeats_announce_the_next_sequence_then_end_of_session(topo: Topology) -> None:
     start = directory_messages(["AAPL", "MSFT"])
     exchange = Exchange(topo, start, heartbeat_interval_s=0.05, end_session_when_done=False)
@@ -56,6 +61,7 @@ def test_heartbeats_announce_the_next_sequence_then_end_of_session(topo: Topolog
     assert [itch.decode(m) for m in feed.messages] == start
 
 
+@pytest.mark.kernel
 def test_replay_is_paced_by_file_timestamps(topo: Topology) -> None:
     base = directory_messages(["PACE"])
     ticks = [
@@ -75,6 +81,7 @@ def test_replay_is_paced_by_file_timestamps(topo: Topology) -> None:
         assert arrivals[-1] - arrivals[len(base)] < paced / 3
 
 
+@pytest.mark.kernel
 def test_replays_an_itch_file(topo: Topology, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "day.itch.gz"
     write_day(path, seed=5, symbols=3, messages=5_000)
@@ -83,6 +90,7 @@ def test_replays_an_itch_file(topo: Topology, tmp_path) -> None:  # type: ignore
     assert feed.messages == [raw for _, raw in iter_itch(path)]
 
 
+@pytest.mark.kernel
 def test_client_orders_trade_with_the_replayed_market(topo: Topology) -> None:
     """Hand-built scenario; expected ITCH and OUCH worked out by hand from the rules."""
     source: queue.Queue[itch.Message | bytes | None] = queue.Queue()
@@ -151,3 +159,95 @@ def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-unt
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+_client_action = st.one_of(
+    st.tuples(
+        st.just("enter"),
+        st.sampled_from(["ALICE", "BOB"]),
+        st.integers(1, 2),  # stock locate
+        st.sampled_from(["B", "S", "T"]),
+        st.integers(-3, 3),  # ticks from the opposite touch (> 0 crosses)
+        st.integers(1, 400),
+        st.sampled_from([DAY, IOC]),
+    ),
+    st.tuples(
+        st.just("cancel"),
+        st.sampled_from(["ALICE", "BOB"]),
+        st.integers(0, 50),
+        st.integers(0, 300),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.lists(st.tuples(st.integers(0, 1_999), _client_action), max_size=60),
+)
+def test_published_stream_stays_consistent_with_client_orders(seed: int, actions) -> None:  # type: ignore[no-untyped-def]
+    """Offline (no sockets): a generated day with client orders mixed in at random points.
+
+    Ground truth is independent of the exchange: the L3 ``Book`` replaying what was published
+    must see no faults and end equal to the engine, and every client fill must be printed on
+    the feed as an execution with the same match number and shares."""
+    day = list(generate_day(seed, 2, 2_000))
+    exchange = Exchange(Topology(), [], accounts=ACCOUNTS)
+    at: dict[int, list] = {}
+    for position, action in actions:
+        at.setdefault(position, []).append(action)
+    refs = {"ALICE": 0, "BOB": 0}
+    for position, message in enumerate(day):
+        exchange.step_market([message])
+        for action in at.get(position, []):
+            if action[0] == "enter":
+                _, who, locate, side, ticks, quantity, tif = action
+                bids, asks = exchange.engine.depth(locate)
+                touch = (
+                    (asks[0][0] if asks else 100_000)
+                    if side == "B"
+                    else (bids[0][0] if bids else 100_000)
+                )
+                price = max(100, touch + (ticks if side == "B" else -ticks) * 100)
+                refs[who] += 1
+                symbol = exchange.symbols.get(locate, "NOSUCH")
+                exchange.handle(
+                    who,
+                    ouch.EnterOrder(
+                        refs[who], side, quantity, symbol, price, tif, "Y", "P", "N", "N", ""
+                    ),
+                )
+            else:
+                _, who, which, quantity = action
+                if refs[who]:
+                    exchange.handle(who, ouch.CancelOrder(which % refs[who] + 1, quantity))
+    published = exchange.published()
+    book = Book()
+    executions: dict[int, int] = {}
+    for raw in published:
+        message = itch.decode(raw)
+        book.apply(message)
+        if isinstance(message, itch.OrderExecuted):
+            executions[message.match_number] = message.executed_shares
+    assert book.errors == {}
+    for locate in (1, 2):
+        depth = book.depth(locate, 10_000)
+        bids, asks = exchange.engine.depth(locate)
+        assert [(lv.price, lv.shares, lv.orders) for lv in depth.bids] == bids
+        assert [(lv.price, lv.shares, lv.orders) for lv in depth.asks] == asks
+    for who in ("ALICE", "BOB"):
+        view = exchange.account_view(who)
+        for fill in view.fills:
+            assert executions[fill.match_number] == fill.shares
+        for order in view.orders.values():
+            if order.state == "rejected":
+                continue
+            live = exchange.engine.orders.get(order.order_reference_number)
+            left = live.shares if live is not None else 0
+            assert order.executed + order.canceled + left == order.quantity
+            assert (order.state == "live") == (left > 0)
+            assert sum(f.shares for f in view.fills if f.user_ref_num == order.user_ref_num) == (
+                order.executed
+            )
+    if not actions:
+        assert published == [itch.encode(m) for m in day]
