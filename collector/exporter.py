@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from tailsight.collector.config import CollectorConfig
 
-from tailsight.hist import LINEAR_LIMIT_NS, TAIL_BUCKETS, Histogram
+from tailsight.hist import LINEAR_LIMIT_NS, TAIL_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 
 if TYPE_CHECKING:
@@ -31,6 +31,10 @@ COARSE_BOUNDS_NS: Final[tuple[int, ...]] = (
     1_000_000, 2_000_000, 5_000_000, 10_000_000,
     *(LINEAR_LIMIT_NS << k for k in range(1, TAIL_BUCKETS + 1)),
 )  # fmt: skip
+# Coarse bucket (index into COARSE_BOUNDS_NS, len = +Inf) of every fine bucket of the model.
+_COARSE_OF_FINE: Final = np.searchsorted(
+    np.array(COARSE_BOUNDS_NS, dtype=np.int64), bucket_upper_bounds_ns(), side="left"
+)
 QUANTILES: Final = (0.5, 0.9, 0.99, 0.999)
 OTHER_CGROUP: Final = "other"
 CGROUP_LABELS: Final = ("cgroup", "victim", "aggressor")
@@ -110,6 +114,11 @@ class _Sparse:
         index = np.flatnonzero(hist.counts).astype(np.int64)
         return cls(index, hist.counts[index], hist.overflow, hist.sum_ns)
 
+    @property
+    def total(self) -> int:
+        """Observations, overflow included."""
+        return int(self.count.sum()) + self.overflow
+
     def add_to(self, dense: Histogram, sign: int) -> None:
         dense.counts[self.index] += sign * self.count
         dense.overflow += sign * self.overflow
@@ -184,12 +193,11 @@ class PrometheusExporter:
     def update(self, document: HistDocument) -> None:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
+        sparse = {_key(s.labels): _Sparse.of(s.hist) for s in document.series}
         with self._lock:
-            self._rank(document)
-            sparse: dict[LabelKey, _Sparse] = {}
+            self._rank(document, sparse)
             for s in document.series:
                 raw = _key(s.labels)
-                sparse[raw] = _Sparse.of(s.hist)
                 labels = self._fold(s.labels)
                 slot_key = (metric_base(s.labels.get("probe", ""), s.labels), _key(labels))
                 slot = self._cumulative.get(slot_key)
@@ -197,8 +205,11 @@ class PrometheusExporter:
                     slot = self._cumulative[slot_key] = _Cumulative(
                         np.zeros(len(COARSE_BOUNDS_NS) + 1, dtype=np.int64)
                     )
-                slot.coarse += s.hist.rebucket(COARSE_BOUNDS_NS)
-                slot.sum_ns += s.hist.sum_ns
+                part = sparse[raw]
+                # Exact integer re-bucketing of the non-zero buckets only (cf. Histogram.rebucket).
+                np.add.at(slot.coarse, _COARSE_OF_FINE[part.index], part.count)
+                slot.coarse[-1] += part.overflow
+                slot.sum_ns += part.sum_ns
             for c in document.counters:
                 probe = c.labels.get("probe", "")
                 name, scale = counter_metric(c.name, probe)
@@ -212,14 +223,14 @@ class PrometheusExporter:
             self.intervals += 1
         self.last_update_s = time.perf_counter() - began
 
-    def _rank(self, document: HistDocument) -> None:
+    def _rank(self, document: HistDocument, sparse: Mapping[LabelKey, _Sparse]) -> None:
         """Re-pick each probe's top-K cgroups; those dropped lose their series."""
         counts: dict[tuple[str, str], int] = {}
         for s in document.series:
             subject = _subject(s.labels)
             if subject is not None:
                 key = (s.labels.get("probe", ""), subject)
-                counts[key] = counts.get(key, 0) + s.hist.count
+                counts[key] = counts.get(key, 0) + sparse[_key(s.labels)].total
         # Probes without histograms (migration) rank by their event counters instead.
         with_histograms = {s.labels.get("probe", "") for s in document.series}
         for c in document.counters:
@@ -326,25 +337,30 @@ class PrometheusExporter:
     def _quantile_families(self) -> list[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        views: list[tuple[str, dict[LabelKey, Histogram]]] = []
+        views: list[tuple[str, Mapping[LabelKey, _Sparse | Histogram]]] = []
         if self._last is not None:
-            last = {k: Histogram.empty() for k in self._last_sparse}
-            for k, part in self._last_sparse.items():
-                part.add_to(last[k], 1)
-            views.append((window_label(self.config.interval_s), last))
+            views.append((window_label(self.config.interval_s), self._last_sparse))
         views += [(label, window.sums) for label, window in self._windows.items()]
+        folded_of: dict[LabelKey, tuple[str, dict[str, str]]] = {}
         grouped: dict[str, dict[LabelKey, Histogram]] = {}
-        for window, sums in views:
-            merged: dict[LabelKey, Histogram] = {}
-            bases: dict[LabelKey, str] = {}
-            for raw, hist in sums.items():
-                labels = dict(raw)
-                folded = _key({**self._fold(labels), "window": window})
-                bases[folded] = metric_base(labels.get("probe", ""), labels)
-                previous = merged.get(folded)
-                merged[folded] = hist if previous is None else previous.merge(hist)
-            for folded, hist in merged.items():
-                grouped.setdefault(bases[folded], {})[folded] = hist
+        for window, parts in views:
+            for raw, part in parts.items():
+                if raw not in folded_of:
+                    labels = dict(raw)
+                    base = metric_base(labels.get("probe", ""), labels)
+                    folded_of[raw] = (base, self._fold(labels))
+                base, folded_labels = folded_of[raw]
+                folded = _key({**folded_labels, "window": window})
+                dense = grouped.setdefault(base, {}).get(folded)
+                if dense is None:
+                    dense = grouped[base][folded] = Histogram.empty()
+                # Summed in place: constructing a merged Histogram per part costs a validation.
+                if isinstance(part, _Sparse):
+                    part.add_to(dense, 1)
+                else:
+                    dense.counts += part.counts
+                    dense.overflow += part.overflow
+                    dense.sum_ns += part.sum_ns
         out: list[Metric] = []
         for base, series in sorted(grouped.items()):
             names = [*_label_names(series), "quantile"]

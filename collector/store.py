@@ -89,7 +89,8 @@ class RecordingWriter:
             or time.monotonic() - self._segment_opened > self.segment_s
         ):
             self._close_segment()
-        if self._fd is None:
+        opened = self._fd is None
+        if opened:
             self._open_segment(document.start_ns)
         assert self._fd is not None
         _write_all(self._fd, record)
@@ -98,7 +99,7 @@ class RecordingWriter:
         self._segment_size += len(record)
         self.records_written += 1
         self.bytes_written += len(record)
-        if self.records_written % 16 == 1:
+        if opened or self.records_written % 16 == 0:
             self.apply_retention()
 
     def apply_retention(self, now_s: float | None = None) -> list[Path]:

@@ -10,6 +10,7 @@ ordering the rings need; CPython's bytecode boundaries act as the compiler barri
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -135,7 +136,9 @@ class XskSocket:
         umem_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.umem))
         try:
             self.sock.setsockopt(
-                SOL_XDP, XDP_UMEM_REG, _UMEM_REG.pack(umem_addr, len(self.umem), frame_size, 0, 0, 0)
+                SOL_XDP,
+                XDP_UMEM_REG,
+                _UMEM_REG.pack(umem_addr, len(self.umem), frame_size, 0, 0, 0),
             )
             for option in (XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING):
                 self.sock.setsockopt(SOL_XDP, option, _U32.pack(ring_size))
@@ -144,7 +147,11 @@ class XskSocket:
             self.close()
             raise XskError(error.errno, f"AF_XDP setup on {ifname}: {error.strerror}") from error
         size = _RING_OFFSET.size
-        rx_off, fill_off, comp_off = offsets[0:size], offsets[2 * size : 3 * size], offsets[3 * size :]
+        rx_off, fill_off, comp_off = (
+            offsets[0:size],
+            offsets[2 * size : 3 * size],
+            offsets[3 * size :],
+        )
         self.rx = _Ring(self.fd, ring_size, _DESC.size, rx_off, XDP_PGOFF_RX_RING)
         self.fill = _Ring(self.fd, ring_size, _U64.size, fill_off, XDP_UMEM_PGOFF_FILL_RING)
         self.completion = _Ring(
@@ -208,10 +215,8 @@ class XskSocket:
             self._umem_view = None  # type: ignore[assignment]
         # The kernel pinned the UMEM pages; they are released with the socket above.
         if not self.umem.closed:
-            try:
+            with contextlib.suppress(BufferError):  # a live export: freed when collected
                 self.umem.close()
-            except BufferError:
-                pass  # a ctypes export keeps it mapped until the object is collected
 
     def __enter__(self) -> XskSocket:
         return self

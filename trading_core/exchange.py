@@ -58,7 +58,7 @@ __all__ = [
     "directory_messages",
 ]
 
-CLIENT_REF_BASE: Final = 1 << 40  # ITCH references of client orders (replayed days stay below)
+CLIENT_REF_BASE: Final = 1 << 40  # first client order reference and match number (days stay below)
 DEFAULT_ACCOUNTS: Final = {"TS0001": "tailsight"}
 IOC: Final = "3"  # OUCH 5.0 Time In Force: 0 = day, 3 = immediate or cancel
 MAX_ORDER_SHARES: Final = 1_000_000
@@ -200,9 +200,10 @@ class Exchange:
     """The simulator: ``start()`` binds and runs it in the background, ``stop()`` ends it.
 
     ``market``: an ITCH file, messages (records or wire bytes), or a queue of them for a live
-    market (None ends it); ``symbols`` only (no market)
-    publishes a start of day for them and the book holds client orders alone. ``speed`` paces
-    the replay at file time / speed; None sends as fast as ``max_packets_per_s`` allows.
+    market (None ends it); ``symbols`` only (no market) publishes a start of day for them and
+    the book holds client orders alone. ``speed`` paces the replay at file time / speed; None
+    sends as fast as ``max_packets_per_s`` allows. Without ``start()``, ``step_market`` and
+    ``handle`` run it offline: the same rules, published messages stored but not sent.
     """
 
     def __init__(
@@ -235,7 +236,8 @@ class Exchange:
         self.end_session_when_done = end_session_when_done
         self.autostart_market = autostart_market
         self.stats = ExchangeStats()
-        self.engine = MatchingEngine()
+        # Match numbers are day-unique in ITCH: ours start above any a replayed day uses.
+        self.engine = MatchingEngine(first_match_number=CLIENT_REF_BASE)
         self.locates: dict[str, int] = {}  # symbol -> stock locate, from the directory
         self.symbols: dict[int, str] = {}
         self._accounts = {name: _Account(password) for name, password in accounts.items()}
@@ -258,18 +260,25 @@ class Exchange:
 
     def start(self) -> Exchange:
         """Create the sockets in the exchange namespace and start the service threads."""
-        with in_netns(self.topo.exchange_ns):
-            self._feed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self._feed.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            self._rerequest = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self._rerequest.bind((self.topo.exchange_ip, self.topo.rerequest_port))
-            self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((self.topo.exchange_ip, self.topo.order_port))
-            self._listener.listen(8)
-            # Timeouts let the service threads notice ``stop`` whatever shutdown does to them.
-            self._rerequest.settimeout(0.1)
-            self._listener.settimeout(0.1)
+        try:
+            with in_netns(self.topo.exchange_ns):
+                self._feed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._feed.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                self._rerequest = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._rerequest.bind((self.topo.exchange_ip, self.topo.rerequest_port))
+                self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                self._listener.bind((self.topo.exchange_ip, self.topo.order_port))
+                self._listener.listen(8)
+        except BaseException:
+            for sock in (self._feed, self._rerequest, self._listener):
+                if sock is not None:
+                    sock.close()
+            self._feed = self._rerequest = self._listener = None
+            raise
+        # Timeouts let the service threads notice ``stop`` whatever shutdown does to them.
+        self._rerequest.settimeout(0.1)
+        self._listener.settimeout(0.1)
         for target, name in (
             (self._run_market, "market"),
             (self._run_heartbeats, "feed-heartbeat"),

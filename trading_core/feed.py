@@ -142,7 +142,6 @@ class AfXdpPath:
         import ctypes as ct
 
         from bcc import BPF
-
         from tailsight.probes.loader import compile_source
         from tailsight.trading_core.afxdp import XDP_MODE, XskSocket, udp_payload
 
@@ -248,11 +247,12 @@ class FeedHandler:
         self.gaps_detected = 0
         self.rerequests_sent = 0
         self.decode_errors = 0
-        self._gap_starts: set[int] = set()
+        self.missing_detected = 0
+        self._feed_next = 1  # one past the highest sequence the live feed has carried
         self._readers: dict[int, Callable[[], None]] = {}
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
-        """Also wait on ``fd`` in ``poll`` and call ``callback`` when it is readable (order acks)."""
+        """Also wait on ``fd`` in ``poll``; ``callback`` runs when it is readable (order acks)."""
         self._readers[fd] = callback
         self._poll.register(fd, select.POLLIN)
 
@@ -295,9 +295,13 @@ class FeedHandler:
             self.retransmitted_packets += 1
             first, end = packet.sequence_number, packet.next_sequence_number
             self.recovered_messages += sum(1 for seq, _ in delivery.messages if first <= seq < end)
-        if delivery.request is not None and delivery.request.sequence_number not in self._gap_starts:
-            self._gap_starts.add(delivery.request.sequence_number)
+        elif packet.sequence_number > self._feed_next:
+            # A hole in the live feed (heartbeats and end of session count: they carry the next
+            # sequence). Retransmissions fill holes in pieces, so they never open one.
             self.gaps_detected += 1
+            self.missing_detected += packet.sequence_number - self._feed_next
+        if not retransmission:
+            self._feed_next = max(self._feed_next, packet.next_sequence_number)
         timer, book, on_message = self.timer, self.book, self.on_message
         capacity = timer.capacity if timer is not None else 0
         for sequence, raw in delivery.messages:
@@ -328,7 +332,11 @@ class FeedHandler:
         count = min(count, self.receiver.max_request)
         now = time.perf_counter_ns()
         last = self._last_request
-        if last is not None and last[:2] == (start, count) and now - last[2] < self.rerequest_timeout_ns:
+        if (
+            last is not None
+            and last[:2] == (start, count)
+            and now - last[2] < self.rerequest_timeout_ns
+        ):
             return
         request = encode_request(MoldRequest(self.receiver.session, start, count))
         self.request_sock.sendto(request, (self.topo.exchange_ip, self.topo.rerequest_port))
@@ -351,6 +359,7 @@ class FeedHandler:
             "messages": self.receiver.delivered,
             "duplicates": self.receiver.duplicates,
             "gaps_detected": self.gaps_detected,
+            "missing_detected": self.missing_detected,
             "rerequests_sent": self.rerequests_sent,
             "retransmitted_packets": self.retransmitted_packets,
             "recovered_messages": self.recovered_messages,

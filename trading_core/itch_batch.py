@@ -96,7 +96,10 @@ def frame_starts(
 
     Returns (prefix offsets, end of the run). The run stops at the first frame that is not
     ``prefix == spec length of its type`` and complete before ``end``: a zero prefix, a wrong
-    length, an unknown type, garbage or a partial frame. Empty run: (empty, start).
+    length, an unknown type, garbage or a partial frame. Empty run: (empty, start). When the
+    run stops short of the buffer's end, its last frame is unconfirmed (nothing after it lines
+    up: it may hold inserted bytes) and the one before rests on it alone; ``itch_file`` checks
+    both before delivering them, so damaged data should be read through it.
     Works window by window so that temporaries stay small and cache-resident; windows start
     small and grow, so a run that breaks early (a damaged file) costs little.
     """
@@ -242,7 +245,8 @@ def decode_batch(
 ) -> BatchResult:
     """Frame and decode the unbroken run of well-formed framed messages from ``start``.
 
-    ``result.end`` is where that run stops; it equals ``len(buf)`` for a clean buffer.
+    ``result.end`` is where that run stops; it equals ``len(buf)`` for a clean buffer. Meant
+    for clean buffers such as ``itch_file.iter_itch_chunks`` yields (see ``frame_starts``).
     """
     prefixes, run_end = frame_starts(buf, start, end)
     result = decode_records(buf, prefixes + 2)

@@ -46,8 +46,8 @@ MAX_SPEC_LENGTH = max(itch.MESSAGE_LENGTHS.values())
 MIN_MESSAGE_LENGTH = 1 + 2 + 2 + 6
 # Runs of zero prefixes between two frames are skipped, up to this many.
 MAX_ZERO_PREFIXES_BETWEEN = 64
-# Unread bytes needed to judge a frame: itself, a zero run, an odd (repaired or skipped) frame
-# after it, another zero run and the next header (363 bytes); rounded up.
+# Unread bytes needed to judge a frame: itself, a zero run, the frame after it, another zero
+# run, the header after that and the frames that may start inside the second (about 420 bytes).
 LOOKAHEAD = 1024
 # How well the frame after a frame confirms it (``_Framer.successor``).
 NONE, WEAK, STRONG = 0, 1, 2
@@ -58,8 +58,8 @@ class IssueKind:
 
     ZERO_LENGTH = "zero_length"  # a 0x0000 prefix; skipped
     LENGTH_REPAIRED = "length_repaired"  # prefix != spec length, spec length lines up; used
-    BAD_LENGTH = "bad_length"  # known type, prefix (<= 50) lines up, not the spec length; skipped
-    UNKNOWN_TYPE = "unknown_type"  # a frame (<= 50 bytes) lines up, type not ITCH 5.0; skipped
+    BAD_LENGTH = "bad_length"  # known type, prefix (11-50) lines up, not the spec length; skipped
+    UNKNOWN_TYPE = "unknown_type"  # a frame (11-50 bytes) lines up, type not ITCH 5.0; skipped
     GARBAGE = "garbage"  # bytes no frame accounts for; skipped until resynchronized
     UNCONFIRMED = "unconfirmed"  # well-formed, but the next frame does not line up; dropped
     TRUNCATED = "truncated_tail"  # the stream ends inside a frame
@@ -119,7 +119,7 @@ def _open_stream(path: str | Path) -> BinaryIO:
 
 
 class _Framer:
-    """Incremental framer over a chunked stream; yields (kind, offset, start, length) steps."""
+    """Incremental framer over a chunked stream: ``step`` judges the frame at ``pos``."""
 
     def __init__(self, stream: BinaryIO, report: FramingReport, chunk_size: int) -> None:
         self.stream = stream

@@ -27,8 +27,6 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-
-from tailsight.histfile import HistDocument
 from tailsight.trading_core import itch, ouch, soupbintcp
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.moldudp64 import (
@@ -39,6 +37,8 @@ from tailsight.trading_core.moldudp64 import (
 )
 from tailsight.trading_core.netns import Topology, in_netns
 from tailsight.trading_core.timing import ACK, DECISION, ENCODE, SEND, StageTimer, replay_labels
+
+from tailsight.histfile import HistDocument
 
 SESSION: Final = "TSREPLAY01"
 _PR_SET_TIMERSLACK: Final = 29
@@ -92,7 +92,9 @@ def load_ticks(path: str | Path) -> TickFile:
     return TickFile(messages, stamps)
 
 
-def intended_offsets_ns(timestamps_ns: npt.NDArray[np.int64], speed: float) -> npt.NDArray[np.int64]:
+def intended_offsets_ns(
+    timestamps_ns: npt.NDArray[np.int64], speed: float
+) -> npt.NDArray[np.int64]:
     """Due time of each tick after the start, ns; never earlier than the tick before it."""
     if not speed > 0:
         raise ValueError(f"speed must be positive, got {speed}")
@@ -205,7 +207,8 @@ class _ReplayExchange:
     def wait_for_start(self, control_fd: int) -> int:
         """Serve order-entry logins until the parent sends t0 (perf_counter_ns)."""
         while True:
-            readable, _, _ = select.select([control_fd, self.listener, *self.sessions], [], [])
+            sources: list[int | socket.socket] = [control_fd, self.listener, *self.sessions]
+            readable, _, _ = select.select(sources, [], [])
             for source in readable:
                 self._serve(source, 0)
             if control_fd in readable:
@@ -236,7 +239,9 @@ class _ReplayExchange:
                 counters["exchange_max_send_lag_ns"] = max(
                     counters["exchange_max_send_lag_ns"], now - due[sent]
                 )
-                for packet in pack_messages(session, sequence, self.messages[sent:end], max_payload):
+                for packet in pack_messages(
+                    session, sequence, self.messages[sent:end], max_payload
+                ):
                     self._publish(packet)
                 sequence += end - sent
                 sent, last_send = end, now
@@ -251,9 +256,13 @@ class _ReplayExchange:
                     self._publish(encode_packet(MoldPacket(session, sequence, ())))
                     last_send = now
                 wait_ns = min(due[sent] - now, _HEARTBEAT_NS)
-            readable, _, _ = select.select(
-                [control_fd, self.rerequests, self.listener, *self.sessions], [], [], wait_ns / 1e9
-            )
+            sources: list[int | socket.socket] = [
+                control_fd,
+                self.rerequests,
+                self.listener,
+                *self.sessions,
+            ]
+            readable, _, _ = select.select(sources, [], [], wait_ns / 1e9)
             for source in readable:
                 self._serve(source, sequence)
             if control_fd in readable:
@@ -288,7 +297,7 @@ class _ReplayExchange:
             del self.sessions[connection]
             connection.close()
             return
-        replies = []
+        replies: list[soupbintcp.Packet] = []
         for packet in self.sessions[connection].feed(data):
             if isinstance(packet, soupbintcp.LoginRequest):
                 replies.append(soupbintcp.LoginAccepted(self.cfg.session, 1))
@@ -411,16 +420,20 @@ class JoinTouchStrategy:
         timer.stamps[row, DECISION] = time.perf_counter_ns()
         if order is None:
             return
-        wire = soupbintcp.encode(
-            soupbintcp.UnsequencedData(
-                ouch.encode(
-                    ouch.EnterOrder(
-                        sequence, order.side, 100, order.stock, order.price, "0", "Y", "A",
-                        "N", "N", f"T{sequence}",
-                    )  # fmt: skip
-                )
-            )
+        enter = ouch.EnterOrder(
+            user_ref_num=sequence,
+            side=order.side,
+            quantity=100,
+            symbol=order.stock,
+            price=order.price,
+            time_in_force="0",  # day
+            display="Y",
+            capacity="A",
+            intermarket_sweep_eligibility="N",
+            cross_type="N",
+            cl_ord_id=f"T{sequence}",
         )
+        wire = soupbintcp.encode(soupbintcp.UnsequencedData(ouch.encode(enter)))
         timer.stamps[row, ENCODE] = time.perf_counter_ns()
         self.connection.send(wire)
         timer.stamps[row, SEND] = time.perf_counter_ns()
@@ -506,7 +519,9 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
         if feed is not None:
             feed.close()
     counters.update(exchange.stop())
-    document = timer.document(replay_labels(cfg.path, xdp_mode), start_wall_ns, end_wall_ns, counters)
+    document = timer.document(
+        replay_labels(cfg.path, xdp_mode), start_wall_ns, end_wall_ns, counters
+    )
     return ReplayResult(document, book, counters, complete)
 
 

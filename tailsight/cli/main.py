@@ -2,7 +2,7 @@
 
 import typer
 
-from tailsight.cli import doctor, gate, itch, record, serve, trace, trading
+from tailsight.cli import doctor, gate, itch, record, replay, serve, trace, trading
 
 app = typer.Typer(
     name="tailsight",
@@ -13,6 +13,7 @@ app = typer.Typer(
 app.command("doctor")(doctor.doctor)
 app.command("gate")(gate.gate)
 app.command("record")(record.record)
+app.command("replay")(replay.replay)
 app.command("serve")(serve.serve)
 app.command("show")(record.show)
 app.command("trace")(trace.trace)

@@ -111,11 +111,13 @@ def test_file_replay_repairs_damage_and_reads_gzip(tmp_path: Path) -> None:
     cut = len(framed(messages[:7_000]))
     damaged = tmp_path / "damaged.itch"
     damaged.write_bytes(clean[:cut] + b"\x00\x07garbage!" + clean[cut:])
-    book, expected = Book(), []
-    repaired = sum(book.apply_batch(decode_batch(chunk), expected.append)
-                   for chunk in iter_itch_chunks(damaged))  # fmt: skip
+    book, expected = Book(), list[TradeEvent]()
+    repaired = sum(
+        book.apply_batch(decode_batch(chunk), expected.append)
+        for chunk in iter_itch_chunks(damaged)
+    )
     assert len(messages) - 2 <= repaired <= len(messages)  # the garbage may take a frame along
-    fast, got = FastBook(orders=16, levels=16), []
+    fast, got = FastBook(orders=16, levels=16), list[TradeEvent]()
     applied = fast.apply_file(damaged, got.append, block_size=4096)
     assert applied == repaired and got == expected
     _assert_same_book(fast, book, full=True)
@@ -129,7 +131,7 @@ def test_file_replay_repairs_damage_and_reads_gzip(tmp_path: Path) -> None:
     _assert_same_book(from_gzip, plain, full=True)
 
 
-def test_bbo_history_and_trades_match_itch_book(reference: Any) -> None:
+def test_bbo_history_and_trades_match_itch_book(reference: Any) -> None:  # noqa: F811
     """Every top-of-book change (seq, locate, prices, sizes) and every print equal itch-book's."""
     path, batch, stats = reference
     fast = FastBook(record_bbo=True, orders=16, levels=16)
@@ -149,8 +151,10 @@ def test_bbo_history_and_trades_match_itch_book(reference: Any) -> None:
     t = batch.trades
     expected = list(zip(*(t[c].tolist() for c in columns), strict=True))
     assert len(printed) > 1000 and len(fast.symbols) == SYMBOLS
-    assert [(e.locate, e.price, e.shares, resting[e.aggressor_side].encode(), e.kind.encode())
-            for e in printed] == expected  # fmt: skip
+    assert [
+        (e.locate, e.price, e.shares, resting[e.aggressor_side].encode(), e.kind.encode())
+        for e in printed
+    ] == expected
 
 
 def test_faulty_feed_bbo_history_and_fault_counts_match_itch_book(tmp_path: Path) -> None:
@@ -185,21 +189,54 @@ _LOCATES = st.sampled_from([1, 2, 65535])
 def _operation() -> st.SearchStrategy[itch.Message]:
     header = (st.just(0), st.integers(0, 2**48 - 1))
     return st.one_of(
-        st.builds(lambda loc, tr, ts, ref, side, sh, px: itch.AddOrder(
-            loc, tr, ts, ref, side, sh, "ABC", px), _LOCATES, *header, _REFS,
-            st.sampled_from("BS"), _SHARES, _PRICES),  # fmt: skip
-        st.builds(lambda loc, tr, ts, ref, sh, m: itch.OrderExecuted(loc, tr, ts, ref, sh, m),
-                  _LOCATES, *header, _REFS, _SHARES, st.integers(0, 2**64 - 1)),  # fmt: skip
-        st.builds(lambda loc, tr, ts, ref, sh, px: itch.OrderExecutedWithPrice(
-            loc, tr, ts, ref, sh, 7, "N", px), _LOCATES, *header, _REFS, _SHARES,
-            _PRICES),  # fmt: skip
-        st.builds(lambda loc, tr, ts, ref, sh: itch.OrderCancel(loc, tr, ts, ref, sh),
-                  _LOCATES, *header, _REFS, _SHARES),  # fmt: skip
-        st.builds(lambda loc, tr, ts, ref: itch.OrderDelete(loc, tr, ts, ref),
-                  _LOCATES, *header, _REFS),  # fmt: skip
-        st.builds(lambda loc, tr, ts, old, new, sh, px: itch.OrderReplace(
-            loc, tr, ts, old, new, sh, px), _LOCATES, *header, _REFS, _REFS, _SHARES,
-            _PRICES),  # fmt: skip
+        st.builds(
+            lambda loc, tr, ts, ref, side, sh, px: itch.AddOrder(
+                loc, tr, ts, ref, side, sh, "ABC", px
+            ),
+            _LOCATES,
+            *header,
+            _REFS,
+            st.sampled_from("BS"),
+            _SHARES,
+            _PRICES,
+        ),
+        st.builds(
+            lambda loc, tr, ts, ref, sh, m: itch.OrderExecuted(loc, tr, ts, ref, sh, m),
+            _LOCATES,
+            *header,
+            _REFS,
+            _SHARES,
+            st.integers(0, 2**64 - 1),
+        ),
+        st.builds(
+            lambda loc, tr, ts, ref, sh, px: itch.OrderExecutedWithPrice(
+                loc, tr, ts, ref, sh, 7, "N", px
+            ),
+            _LOCATES,
+            *header,
+            _REFS,
+            _SHARES,
+            _PRICES,
+        ),
+        st.builds(
+            lambda loc, tr, ts, ref, sh: itch.OrderCancel(loc, tr, ts, ref, sh),
+            _LOCATES,
+            *header,
+            _REFS,
+            _SHARES,
+        ),
+        st.builds(
+            lambda loc, tr, ts, ref: itch.OrderDelete(loc, tr, ts, ref), _LOCATES, *header, _REFS
+        ),
+        st.builds(
+            lambda loc, tr, ts, old, new, sh, px: itch.OrderReplace(loc, tr, ts, old, new, sh, px),
+            _LOCATES,
+            *header,
+            _REFS,
+            _REFS,
+            _SHARES,
+            _PRICES,
+        ),
     )
 
 
@@ -214,7 +251,8 @@ def test_random_streams_match_naive_book(messages: list[itch.Message]) -> None:
         got: list[TradeEvent] = []
         assert fast.apply_buffer(framed([msg]), got.append)[0] == 1
         assert [(t.price, t.shares, t.aggressor_side) for t in got] == (
-            [] if expected is None else [expected])  # fmt: skip
+            [] if expected is None else [expected]
+        )
         locate = msg.stock_locate
         assert tuple(fast.top_of_book(locate)) == naive.top_of_book(locate)
         depth = fast.depth(locate, 5)

@@ -4,6 +4,7 @@ heartbeats both ways, heartbeat timeout, sequence numbers, reconnect replay, ord
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -87,7 +88,6 @@ def test_client_detects_a_silent_server(topo: Topology) -> None:
     server.listen(1)
     gateway = Gateway(topo, "ALICE", "alicepw", heartbeat_timeout_s=0.3)
     try:
-        import threading
 
         def accept() -> None:
             conn, _ = server.accept()

@@ -120,6 +120,32 @@ def test_run_stops_at_the_first_bad_frame(damage: bytes, stops_at: int) -> None:
     assert len(starts) == 3
 
 
+@pytest.mark.parametrize("junk", [b"\xff\xff", b"\xff\xffA", b"\xff\xffZ" + bytes(40)])
+def test_oversized_prefix_stops_the_run(junk: bytes) -> None:
+    # Review case 1: a prefix above every spec length (50) is never a frame, whatever follows.
+    head = framed([r for _, r in ITCH_VECTORS[:3]])
+    tail = framed([r for _, r in ITCH_VECTORS])
+    buffer = head + junk + tail
+    starts, end = itch_batch.frame_starts(buffer)
+    assert (len(starts), end) == (3, len(head))
+    assert end == itch_batch.frame_starts_scalar(buffer)[1]
+
+
+def test_bytes_inserted_inside_a_message_end_the_run_right_after_it() -> None:
+    # Review case 2: "00 00" inside message 3. Its frame still looks well-formed, so the run
+    # takes it and stops at its (wrong) end: the last frame of a run that stops short of the
+    # buffer's end is unconfirmed, which is why itch_file re-checks a run's last frames.
+    records = [r for _, r in ITCH_VECTORS]
+    clean = framed(records)
+    third = len(framed(records[:3]))
+    at = third + 2 + 10  # inside the timestamp of message 3
+    buffer = clean[:at] + b"\x00\x00" + clean[at:]
+    starts, end = itch_batch.frame_starts(buffer)
+    assert starts.tolist()[:3] == itch_batch.frame_starts(clean)[0].tolist()[:3]
+    assert len(starts) == 4 and starts[3] == third
+    assert end == third + 2 + len(itch.encode(records[3])) < len(buffer)
+
+
 def test_truncated_last_frame_ends_the_run_before_it() -> None:
     buffer = framed([r for _, r in ITCH_VECTORS])
     last = 2 + len(ITCH_VECTORS[-1][0])

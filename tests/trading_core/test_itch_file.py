@@ -163,11 +163,24 @@ def test_garbage_between_frames_is_skipped_and_reported(tmp_path: Path) -> None:
     assert report.skipped_bytes == 2 + len(WIRES[4]) + len(junk)
 
 
+def offset_before_damage() -> int:
+    """Offset of the frame right before the damage: nothing confirms it, so it is dropped."""
+    return offset_of_damage() - 2 - len(WIRES[4])
+
+
+# A frame followed by an odd frame (unknown type, wrong prefix) is dropped: ITCH bodies are full
+# of "00 xx" pairs that read as prefixes, so an odd frame is no proof of the frame before it.
+WITHOUT_4 = WIRES[:4] + WIRES[5:]
+
+
 def test_unknown_type_frame_is_skipped(tmp_path: Path) -> None:
     messages, report = read_all(damaged(tmp_path, frame(b"Z" + bytes(20))))
-    assert [m for _, m in messages] == WIRES
-    assert report.counts == {IssueKind.UNKNOWN_TYPE: 1}
-    assert report.issues[0].offset == offset_of_damage()
+    assert [m for _, m in messages] == WITHOUT_4
+    assert report.counts == {IssueKind.UNCONFIRMED: 1, IssueKind.UNKNOWN_TYPE: 1}
+    assert [(i.offset, i.kind) for i in report.issues] == [
+        (offset_before_damage(), IssueKind.UNCONFIRMED),
+        (offset_of_damage(), IssueKind.UNKNOWN_TYPE),
+    ]
 
 
 def test_wrong_length_prefix_on_a_known_type_is_repaired(tmp_path: Path) -> None:
@@ -175,19 +188,33 @@ def test_wrong_length_prefix_on_a_known_type_is_repaired(tmp_path: Path) -> None
     assert add_order[:1] == b"A"
     path = tmp_path / "prefix.itch"
     frames = [frame(w) for w in WIRES]
-    frames[5] = frame(add_order, length=99)  # says 99, the spec and the next frame say 36
+    frames[5] = frame(add_order, length=48)  # says 48, the spec and the next frames say 36
     path.write_bytes(b"".join(frames))
     messages, report = read_all(path)
-    assert [m for _, m in messages] == WIRES
-    assert report.counts == {IssueKind.LENGTH_REPAIRED: 1}
-    assert report.issues[0].offset == offset_of_damage()
+    assert [m for _, m in messages] == WITHOUT_4
+    assert report.counts == {IssueKind.UNCONFIRMED: 1, IssueKind.LENGTH_REPAIRED: 1}
+    assert report.issues[1].offset == offset_of_damage()
+
+
+def test_prefix_above_every_spec_length_is_not_repaired(tmp_path: Path) -> None:
+    # Issue 6: a prefix over 50 is garbage whatever the type byte; repairing such prefixes
+    # turned random bytes that hold a type letter into messages.
+    path = tmp_path / "prefix.itch"
+    frames = [frame(w) for w in WIRES]
+    frames[5] = frame(WIRES[5], length=99)
+    path.write_bytes(b"".join(frames))
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == WIRES[:4] + WIRES[6:]
+    assert report.counts == {IssueKind.UNCONFIRMED: 1, IssueKind.GARBAGE: 1}
+    assert report.issues[1].offset == offset_of_damage()
+    assert report.skipped_bytes == 2 + len(WIRES[4]) + 2 + len(WIRES[5])
 
 
 def test_known_type_with_extra_bytes_is_skipped_not_misframed(tmp_path: Path) -> None:
     longer = WIRES[5] + b"XTRA"  # the prefix (40) is right about the frame, not the spec
     messages, report = read_all(damaged(tmp_path, frame(longer)))
-    assert [m for _, m in messages] == WIRES
-    assert report.counts == {IssueKind.BAD_LENGTH: 1}
+    assert [m for _, m in messages] == WITHOUT_4
+    assert report.counts == {IssueKind.UNCONFIRMED: 1, IssueKind.BAD_LENGTH: 1}
 
 
 def test_zero_length_prefixes_are_skipped(tmp_path: Path) -> None:
@@ -200,10 +227,13 @@ def test_garbage_that_looks_like_a_frame_header_does_not_swallow_real_frames(
     tmp_path: Path,
 ) -> None:
     # "00 24 41" claims an Add Order; taking it would eat the first 33 bytes of the next frame.
+    # A confirmed frame starts inside it, so it confirms nothing: the frame before is dropped
+    # too (it reads exactly like a frame that gained 3 bytes ending in "00 24 41").
     messages, report = read_all(damaged(tmp_path, b"\x00\x24A"))
-    assert [m for _, m in messages] == WIRES
-    assert report.counts == {IssueKind.GARBAGE: 1}
-    assert report.skipped_bytes == 3
+    assert [m for _, m in messages] == WITHOUT_4
+    assert report.counts == {IssueKind.UNCONFIRMED: 1, IssueKind.GARBAGE: 1}
+    assert report.issues[1].offset == offset_of_damage()
+    assert report.skipped_bytes == 2 + len(WIRES[4]) + 3
 
 
 def test_cut_gzip_file_keeps_what_decompressed_and_reports(tmp_path: Path) -> None:
@@ -360,7 +390,8 @@ def test_book_fed_from_a_damaged_file_sees_only_real_orders(tmp_path: Path) -> N
         data[at:at] = b"\x00\x00"
     path = tmp_path / "book.itch"
     path.write_bytes(bytes(data))
-    real_shares = {itch.decode(w).shares for w in wires if w[:1] == b"A"}  # type: ignore[attr-defined]
+    records = [itch.decode(w) for w in wires]
+    real_shares = {r.shares for r in records if isinstance(r, itch.AddOrder)}
     for _, message in iter_itch(path):
         record = itch.decode(message)
         if isinstance(record, itch.AddOrder):
@@ -522,7 +553,12 @@ def _big_damaged_stream(count: int) -> tuple[bytes, list[bytes]]:
             kept.pop()  # the frame before the junk: unconfirmed, reported, dropped
         if index % 2003 == 600:
             out += frame(b"Z" * 30)
-        out += frame(wire, 200) if index % 3001 == 900 else frame(wire)
+            kept.pop()  # the frame before an odd frame: unconfirmed, dropped
+        if index % 3001 == 900:
+            out += frame(wire, 45)  # a wrong prefix within the spec range: repaired
+            kept.pop()
+        else:
+            out += frame(wire)
         kept.append(wire)
     return bytes(out), kept
 
@@ -540,7 +576,9 @@ def test_chunk_size_does_not_change_the_result(tmp_path: Path, compress: bool) -
     assert small_report.counts == {
         IssueKind.ZERO_LENGTH: len(range(5, 12_000, 997)),
         IssueKind.GARBAGE: len(range(300, 12_000, 1499)),
-        IssueKind.UNCONFIRMED: len(range(300, 12_000, 1499)),
+        IssueKind.UNCONFIRMED: len(range(300, 12_000, 1499))
+        + len(range(600, 12_000, 2003))
+        + len(range(900, 12_000, 3001)),
         IssueKind.UNKNOWN_TYPE: len(range(600, 12_000, 2003)),
         IssueKind.LENGTH_REPAIRED: len(range(900, 12_000, 3001)),
     }

@@ -1,0 +1,213 @@
+"""``explain_documents`` on synthetic recordings with a known incident: the jump's interval, the
+victim, the aggressor, the stack and the volume/rate split are known by construction; plus the
+text (80 columns), strict JSON and the offline HTML report checked structurally."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+
+import numpy as np
+from tailsight.analysis.eval import LatencyModel
+from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
+from tailsight.analysis.report_html import render_html
+
+from tailsight.hist import NUM_BUCKETS, Histogram
+from tailsight.histfile import Counter, HistDocument, Series
+
+INTERVAL_NS = 1_000_000_000
+START_NS = 1_790_000_000 * INTERVAL_NS
+SPIKE_STACK = "entry_SYSCALL_64;do_syscall_64;asm_sysvec_apic_timer_interrupt;schedule;__schedule"
+COMMON_STACK = "entry_SYSCALL_64;do_syscall_64;__x64_sys_nanosleep;schedule;__schedule"
+FAST = LatencyModel(components=((1.0, 30_000.0, 0.3),))
+SLOW = LatencyModel(components=((1.0, 2_000_000.0, 0.1),))
+
+
+def _hist(model: LatencyModel, rng: np.random.Generator, events: int) -> Histogram:
+    counts = model.sample_counts(rng, events)
+    return Histogram(counts[:NUM_BUCKETS], overflow=int(counts[NUM_BUCKETS]))
+
+
+def incident_documents(
+    seed: int = 0, intervals: int = 60, change_at: int = 30, start_ns: int = START_NS
+) -> list[HistDocument]:
+    """/trading's run-queue tail rises at ``change_at`` because /batch displaces it; one outlier
+    stack becomes frequent; /batch and / stay as they were."""
+    rng = np.random.default_rng(seed)
+    before = LatencyModel()
+    after = before.with_component(0.05, 400_000.0, 0.3)
+    documents = []
+    for t in range(intervals):
+        late = t >= change_at
+        series = [
+            Series(
+                {"probe": "runqueue", "cgroup": "/trading"},
+                _hist(after if late else before, rng, int(rng.poisson(3000))),
+            ),
+            Series({"probe": "runqueue", "cgroup": "/batch"}, _hist(before, rng, 2000)),
+            Series({"probe": "runqueue", "cgroup": "/"}, _hist(before, rng, 1000)),
+        ]
+        waits = {"/batch": 20e6 if late else 1e6, "/": 3e6, "idle": 2e6}
+        counters = []
+        for aggressor, mean_ns in waits.items():
+            labels = {"probe": "runqueue", "victim": "/trading", "aggressor": aggressor}
+            counters.append(
+                Counter("runqueue_displaced_wait_ns", labels, int(rng.gamma(8.0, mean_ns / 8)))
+            )
+            counters.append(Counter("runqueue_displaced_switches", labels, int(rng.poisson(50))))
+        for stack, rate in ((SPIKE_STACK, 15.0 if late else 0.5), (COMMON_STACK, 3.0)):
+            labels = {
+                "probe": "runqueue",
+                "cgroup": "/trading",
+                "kernel_stack": stack,
+                "user_stack": "main;spin",
+            }
+            counters.append(Counter("runqueue_outlier_events", labels, int(rng.poisson(rate))))
+        start = start_ns + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    return documents
+
+
+def mix_documents(seed: int = 1, intervals: int = 50, change_at: int = 25) -> list[HistDocument]:
+    """No cgroup gets slower; /slow (always ~2 ms) sends 10x more calls from ``change_at`` on."""
+    rng = np.random.default_rng(seed)
+    documents = []
+    for t in range(intervals):
+        slow_events = int(rng.poisson(200 if t >= change_at else 20))
+        series = [
+            Series(
+                {"probe": "netsyscall", "cgroup": "/slow", "syscall": "recvfrom"},
+                _hist(SLOW, rng, slow_events),
+            ),
+            Series(
+                {"probe": "netsyscall", "cgroup": "/fast", "syscall": "sendto"},
+                _hist(FAST, rng, int(rng.poisson(5000))),
+            ),
+        ]
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, []))
+    return documents
+
+
+def _find(report: Report, **labels: str) -> list[int]:
+    return [n for n, j in enumerate(report.jumps) if dict(j.series) == labels]
+
+
+def test_incident_names_victim_aggressor_and_stack() -> None:
+    documents = incident_documents()
+    report = explain_documents(documents, config=ExplainConfig(n_boot=200))
+    found = _find(report, probe="runqueue", cgroup="/trading")
+    assert found, [j.series for j in report.jumps]
+    jump = report.jumps[found[0]]
+    assert jump.direction == "up"
+    assert abs(jump.change_index - 30) <= 1
+    # P99 before/after agree with the pooled histograms of the true segments (within a bucket).
+    rows = [d.find(cgroup="/trading")[0].hist for d in documents]
+    truth_before = sum(rows[1:30], rows[0]).quantile(0.99)
+    truth_after = sum(rows[31:], rows[30]).quantile(0.99)
+    assert abs(jump.before_ns - truth_before) <= 0.1 * truth_before
+    assert abs(jump.after_ns - truth_after) <= 0.1 * truth_after
+    # The leaf series is its own single source: all of its excess is its rate.
+    assert [s.source for s in jump.decomposition.sources] == [jump.series]
+    assert jump.decomposition.rate_share.value > 0.95
+    displacement = jump.displacement
+    assert displacement is not None and displacement.victim == "/trading"
+    top = displacement.aggressors[0]
+    assert top.aggressor == "/batch"
+    assert top.share.low <= 1.0 <= top.share.high or top.share.value > 0.9
+    assert top.share_of_wait_before < 0.3 < 0.7 < top.share_of_wait_after
+    assert jump.stacks[0].kernel_stack == SPIKE_STACK and jump.stacks[0].discovered
+    assert not [s for s in jump.stacks if s.kernel_stack == COMMON_STACK and s.discovered]
+    # Nothing changed in /batch or / : no jump reported there.
+    assert not _find(report, probe="runqueue", cgroup="/batch")
+    assert not _find(report, probe="runqueue", cgroup="/")
+    text = report.render_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "run-queue wait of /trading rose" in text and "displaced by /batch" in text
+
+
+def test_mix_shift_is_reported_as_volume_of_the_slow_source() -> None:
+    report = explain_documents(mix_documents(), config=ExplainConfig(n_boot=200))
+    found = _find(report, probe="netsyscall")
+    assert found, [j.series for j in report.jumps]
+    jump = report.jumps[found[0]]
+    assert jump.aggregate and abs(jump.change_index - 25) <= 1
+    d = jump.decomposition
+    assert dict(d.sources[0].source)["cgroup"] == "/slow"
+    # The truth: all of the excess is volume (neither source's own tail moved).
+    assert d.volume_share.value > 0.9 and d.volume_share.low <= 1.0 <= d.volume_share.high
+    assert d.rate_share.low <= 0.0 <= d.rate_share.high
+    assert math.isclose(sum(s.share.value for s in d.sources), 1.0)
+    # Neither leaf moved, so neither is reported as a jump of its own.
+    assert not [j for j in report.jumps if not j.aggregate]
+    assert "more traffic" in report.render_text()
+
+
+def test_stationary_recording_has_no_jumps() -> None:
+    rng = np.random.default_rng(7)
+    documents = []
+    for t in range(60):
+        series = [
+            Series({"probe": "runqueue", "cgroup": f"/g{g}"}, _hist(LatencyModel(), rng, 3000))
+            for g in range(4)
+        ]
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, []))
+    report = explain_documents(documents, config=ExplainConfig(n_boot=50))
+    assert report.jumps == []
+    assert report.tested == 5  # four cgroups and their {probe} aggregate
+    assert "0 jumps" in report.render_text()
+
+
+def test_selector_and_json_are_strict() -> None:
+    documents = incident_documents(seed=3)
+    report = explain_documents(documents, {"cgroup": "/batch"}, ExplainConfig(n_boot=50))
+    assert report.jumps == []
+    report = explain_documents(documents, config=ExplainConfig(n_boot=50))
+    text = json.dumps(report.to_json(), allow_nan=False)
+    back = json.loads(text)
+    assert back["jumps"][0]["summary"][0].startswith("run-queue wait of /trading rose")
+    shares = back["jumps"][0]["displacement"]["aggressors"]
+    assert math.isclose(sum(a["share"]["value"] for a in shares), 1.0)
+
+
+def test_empty_range() -> None:
+    report = explain_documents([])
+    assert report.jumps == [] and "nothing to explain" in report.render_text()
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _elements(root: ET.Element, tag: str) -> Sequence[ET.Element]:
+    return [e for e in root.iter() if e.tag in (tag, SVG + tag)]
+
+
+def test_html_is_self_contained_and_marks_the_jump() -> None:
+    documents = incident_documents()
+    report = explain_documents(documents, config=ExplainConfig(n_boot=100))
+    page = render_html(report, documents)
+    assert page.startswith("<!DOCTYPE html>")
+    # Offline: no script, no external fetch of any kind.
+    assert not re.search(r"<script|<link|<iframe|@import|url\(", page, re.IGNORECASE)
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page, re.IGNORECASE)
+    root = ET.fromstring(page.removeprefix("<!DOCTYPE html>"))  # well-formed (XHTML-style)
+    svgs = _elements(root, "svg")
+    assert len(svgs) >= 3 * len(report.jumps)
+    jump = report.jumps[0]
+    # The quantile plot: one polyline per plotted quantile, one point per non-empty interval.
+    lines = [p for p in _elements(root, "polyline") if p.get("data-series") == "p99"]
+    assert lines and len(lines[0].get("points", "").split()) == len(documents)
+    marker = [e for e in _elements(root, "line") if e.get("data-role") == "change"]
+    assert marker and marker[0].get("data-index") == str(jump.change_index)
+    # The heatmap: one column of cells per interval; the share bars: one per aggressor.
+    cells = [r for r in _elements(root, "rect") if r.get("data-role") == "cell"]
+    assert {int(c.get("data-t", "-1")) for c in cells} == set(range(len(documents)))
+    bars = [r for r in _elements(root, "rect") if r.get("data-role") == "share"]
+    assert bars
+    assert "run-queue wait of /trading" in page
