@@ -130,6 +130,7 @@ class JumpExplanation:
             aggressors = [a for a in shown.aggressors if a.excess_ns > 0][:top]
             if aggressors:
                 first, *others = aggressors
+                others = [a for a in others if a.share.value >= 0.05]
                 line = (
                     f"{_pct(first.share)} of the excess run-queue wait of {shown.victim} is time "
                     f"displaced by {_aggressor(first.aggressor)} "
@@ -213,9 +214,8 @@ class Report:
         span_s = (self.end_ns - self.start_ns) / 1e9
         found = len(self.jumps)
         return (
-            f"{self.intervals} intervals, {span_s:,.1f} s from {start:%Y-%m-%d %H:%M:%S} UTC; "
-            f"{self.tested} series x quantile tested, {found} jump{'s' * (found != 1)} "
-            f"(FDR {self.config.fdr:.0%})."
+            f"{self.intervals} intervals, {span_s:,.1f} s from {start:%Y-%m-%d %H:%M:%S} UTC: "
+            f"{self.tested} tests, {found} jump{'s' * (found != 1)} (FDR {self.config.fdr:.0%})."
         )
 
     def render_text(self, width: int = TEXT_WIDTH) -> str:
@@ -325,7 +325,8 @@ def explain_documents(
         _explain_one(documents, starts, leaves, tested[key], arrays[key], result, config)
         for key, result in best.items()
     ]
-    jumps.sort(key=lambda j: (j.p_value, -abs(math.log(_safe_ratio(j))), j.series))
+    # Series before aggregates: "/trading rose" is the headline, "all cgroups rose" the context.
+    jumps.sort(key=lambda j: (j.aggregate, j.p_value, -abs(math.log(_safe_ratio(j))), j.series))
     return Report(
         start_ns=documents[0].start_ns if documents else None,
         end_ns=documents[-1].end_ns if documents else None,
@@ -411,8 +412,13 @@ def _pct(estimate: Estimate) -> str:
     if math.isnan(estimate.value):
         return "-"
     if math.isnan(estimate.low):
-        return f"{estimate.value:.0%}"
-    return f"{estimate.value:.0%} [{estimate.low:.0%}-{estimate.high:.0%}]"
+        return _percent(estimate.value)
+    return f"{_percent(estimate.value)} [{_percent(estimate.low)}, {_percent(estimate.high)}]"
+
+
+def _percent(value: float) -> str:
+    text = f"{value:.0%}"
+    return "0%" if text == "-0%" else text
 
 
 def _clock(time_ns: int) -> str:

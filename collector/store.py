@@ -9,6 +9,7 @@ import os
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,21 +190,27 @@ class SegmentScan:
 
 def scan_segment(path: Path | str) -> SegmentScan:
     """Every valid record of a segment; a torn tail or corrupt record is skipped, not fatal."""
-    path = Path(path)
+    scan = SegmentScan(Path(path))
+    scan.documents = list(iter_segment(scan.path, scan))
+    return scan
+
+
+def iter_segment(path: Path, scan: SegmentScan) -> Iterator[HistDocument]:
+    """The documents of a segment one at a time (a segment can hold gigabytes once parsed);
+    what was skipped is added to ``scan``."""
     data = path.read_bytes()
-    scan = SegmentScan(path)
     if not data.startswith(SEGMENT_HEADER):
         # A writer killed while creating the segment leaves a prefix of the header.
         if SEGMENT_HEADER.startswith(data):
-            scan.skipped_bytes = len(data)
-            return scan
+            scan.skipped_bytes += len(data)
+            return
         raise HistFormatError(f"{path}: not a tailsight recording segment")
     position = len(SEGMENT_HEADER)
     while position < len(data):
-        document = _record_at(data, position)
-        if document is not None:
-            scan.documents.append(document[0])
-            position = document[1]
+        found = _record_at(data, position)
+        if found is not None:
+            yield found[0]
+            position = found[1]
             continue
         # Torn or corrupt: resynchronise at the next magic whose record checks out.
         scan.bad_records += 1
@@ -213,7 +220,6 @@ def scan_segment(path: Path | str) -> SegmentScan:
         end = len(data) if next_magic == -1 else next_magic
         scan.skipped_bytes += end - position
         position = end
-    return scan
 
 
 def _record_at(data: bytes, position: int) -> tuple[HistDocument, int] | None:
@@ -272,29 +278,48 @@ class Recording:
         self, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[HistDocument]:
         """Intervals overlapping ``[since_ns, until_ns]``, in time order."""
+        return sorted(self.iter_documents(since_ns, until_ns), key=lambda d: (d.start_ns, d.end_ns))
+
+    def iter_documents(
+        self, since_ns: int | None = None, until_ns: int | None = None
+    ) -> Iterator[HistDocument]:
+        """:meth:`documents` one at a time, segment by segment (bounded memory)."""
         self.skipped_bytes = self.bad_records = 0
-        found: list[HistDocument] = []
-        segments = list_segments(self.directory)
-        for path in segments:
+        for path in list_segments(self.directory):
             if until_ns is not None and _segment_start(path) > until_ns:
                 break
+            scan = SegmentScan(path)
             try:
                 # The last append sets mtime, after the end of the segment's last interval.
                 if since_ns is not None and path.stat().st_mtime_ns < since_ns:
                     continue
-                scan = scan_segment(path)
+                for d in iter_segment(path, scan):
+                    if (since_ns is None or d.end_ns >= since_ns) and (
+                        until_ns is None or d.start_ns <= until_ns
+                    ):
+                        yield d
             except FileNotFoundError:
                 continue  # removed by retention while we read
-            self.skipped_bytes += scan.skipped_bytes
-            self.bad_records += scan.bad_records
-            found.extend(
-                d
-                for d in scan.documents
-                if (since_ns is None or d.end_ns >= since_ns)
-                and (until_ns is None or d.start_ns <= until_ns)
-            )
-        found.sort(key=lambda d: (d.start_ns, d.end_ns))
-        return found
+            finally:
+                self.skipped_bytes += scan.skipped_bytes
+                self.bad_records += scan.bad_records
+
+    def time_bounds(self) -> tuple[int, int] | None:
+        """(start of the first interval, end of the last), or None for an empty recording."""
+        segments = list_segments(self.directory)
+        first = last = None
+        for path in segments:  # the first segment with a document gives the start
+            first = next(iter_segment(path, SegmentScan(path)), None)
+            if first is not None:
+                break
+        for path in reversed(segments):
+            tail = deque(iter_segment(path, SegmentScan(path)), maxlen=1)
+            if tail:
+                last = tail[0]
+                break
+        if first is None or last is None:
+            return None
+        return first.start_ns, last.end_ns
 
     def series(
         self,

@@ -1,5 +1,6 @@
 """``python -m tailsight.demo`` (what ``make demo`` runs): a live run-queue trace of the built-in
-contention workload, then who displaced whom and where the slowest waits left the victims."""
+contention workload, then who displaced whom, where the slowest waits left the victims and the
+victim's 5 µs histogram over time."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from tailsight.histfile import HistDocument
 from tailsight.probes.outliers import short_stack, top_outlier_stacks
 from tailsight.probes.runqueue import top_pairs
 
-DEMO_SECONDS = 5.0
+DEMO_SECONDS = 6.0
+DEMO_INTERVAL_S = 0.25
 
 
 def narrate(document: HistDocument, groups: dict[str, str]) -> list[str]:
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from tailsight.cli.trace import VIEW_WIDTH, open_session, render, run_live
+    from tailsight.cli.trace_view import Selection, heatmap, series_key, terminal_keys
     from tailsight.workload import contention, default_cpu
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -57,22 +60,33 @@ def main(argv: list[str] | None = None) -> int:
     cpu = default_cpu()
     console.print(
         f"tailsight demo: 2 busy loops in cgroup 'victim' and 1 in 'noisy', all pinned to "
-        f"CPU {cpu}; tracing run-queue wait for {args.duration:.0f} s (Ctrl-C ends early)."
+        f"CPU {cpu}; tracing run-queue wait for {args.duration:.0f} s (Ctrl-C ends early).",
+        markup=False,
     )
     with contention(cpu=cpu) as workload:
         groups = {g: workload.cgroup_path(g) for g in workload.groups}
+        victim = Selection(
+            "runqueue", series_key({"probe": "runqueue", "cgroup": groups["victim"]})
+        )
         session = open_session(["runqueue"], [f"/{workload.base}"], console.print)
         if not session.probes:
             console.print("nothing attached: run `tailsight doctor` to see why")
             return 1
         try:
-            summary = run_live(session, args.duration, 0.5, console)
+            with terminal_keys() as keys:
+                result = run_live(
+                    session, args.duration, DEMO_INTERVAL_S, console, keys=keys, selection=victim
+                )
         finally:
             session.close()
+    summary = result.summary
     elapsed_s = (summary.end_ns - summary.start_ns) / 1e9
     console.print(render(summary, f"summary: run-queue wait over {elapsed_s:.1f} s"))
     for line in narrate(summary, groups):
         console.print(line, markup=False)
+    console.print()
+    # The victim's heatmap, whatever was selected live: the demo's story is about the victim.
+    console.print(heatmap(result.intervals, victim, console.width))
     return 0
 
 

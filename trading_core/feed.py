@@ -157,6 +157,7 @@ class AfXdpPath:
             BPF.attach_xdp(ifname.encode(), program, BPF.XDP_FLAGS_SKB_MODE)
         except Exception:
             self.xsk.close()
+            self._bpf.cleanup()
             raise
         self._attached = True
         self.not_feed = 0

@@ -2,12 +2,14 @@
 
 Reading streams in fixed-size chunks (constant memory) and never crashes on damaged files. A
 message is delivered only when its frame is confirmed: prefix == spec length of its type *and*
-the frame after it lines up (or the stream ends there); a well-formed frame whose successor does
-not line up may straddle the damage, so it is reported and dropped, never guessed. What the spec
-lengths make unambiguous is repaired (a wrong prefix on a known type whose spec length lines up;
-zero-length prefixes skipped); anything else, including any prefix above the longest spec
-length, is garbage, skipped up to the earliest position where two consecutive frames line up.
-Every anomaly is counted in a ``FramingReport`` with its byte offset in the uncompressed stream.
+the frame after it is well-formed (or the stream ends there). A frame followed by anything else
+(garbage, an odd frame) reads exactly like a frame with bytes inserted into it, so it is
+reported as unconfirmed and dropped, never guessed: damage costs the frames it touches and the
+one before it. Zero-length prefixes are skipped; a wrong prefix (at most 50) on a known type is
+repaired when its spec length lines up with the two frames after it; anything else, including
+any prefix above the longest spec length, is garbage, skipped up to the earliest position where
+two consecutive frames line up. Every anomaly is counted in a ``FramingReport`` with its byte
+offset in the uncompressed stream.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ CHUNK_SIZE = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"  # RFC 1952: ID1, ID2, CM = deflate
 # ITCH 5.0 messages are at most 50 bytes: a longer prefix is never a frame to skip or wait for.
 MAX_SPEC_LENGTH = max(itch.MESSAGE_LENGTHS.values())
-# Every message starts with type, stock locate, tracking number and timestamp (spec 1.2): a
+# Every ITCH 5.0 message starts with type, stock locate, tracking number and timestamp: a
 # shorter frame of unknown type is garbage, not a message to skip.
 MIN_MESSAGE_LENGTH = 1 + 2 + 2 + 6
 # Runs of zero prefixes between two frames are skipped, up to this many.
@@ -57,7 +59,7 @@ class IssueKind:
     """The kinds of anomaly a ``FramingReport`` counts."""
 
     ZERO_LENGTH = "zero_length"  # a 0x0000 prefix; skipped
-    LENGTH_REPAIRED = "length_repaired"  # prefix != spec length, spec length lines up; used
+    LENGTH_REPAIRED = "length_repaired"  # prefix (<= 50) != spec, spec length lines up; used
     BAD_LENGTH = "bad_length"  # known type, prefix (11-50) lines up, not the spec length; skipped
     UNKNOWN_TYPE = "unknown_type"  # a frame (11-50 bytes) lines up, type not ITCH 5.0; skipped
     GARBAGE = "garbage"  # bytes no frame accounts for; skipped until resynchronized

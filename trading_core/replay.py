@@ -36,7 +36,15 @@ from tailsight.trading_core.moldudp64 import (
     pack_messages,
 )
 from tailsight.trading_core.netns import Topology, in_netns
-from tailsight.trading_core.timing import ACK, DECISION, ENCODE, SEND, StageTimer, replay_labels
+from tailsight.trading_core.timing import (
+    ACK,
+    DECISION,
+    ENCODE,
+    RECEIVE,
+    SEND,
+    StageTimer,
+    replay_labels,
+)
 
 from tailsight.histfile import HistDocument
 
@@ -195,10 +203,12 @@ class _ReplayExchange:
         self.listener.bind((topo.exchange_ip, topo.order_port))
         self.listener.listen(4)
         self.sessions: dict[socket.socket, soupbintcp.SoupFramer] = {}
+        self.sent_ns = np.full(len(self.messages), -1, dtype=np.int64)
         self.counters = {
             "exchange_packets": 0,
             "exchange_dropped_packets": 0,
             "exchange_dropped_messages": 0,
+            "exchange_refused_packets": 0,
             "exchange_retransmitted_packets": 0,
             "exchange_orders": 0,
             "exchange_max_send_lag_ns": 0,
@@ -239,10 +249,15 @@ class _ReplayExchange:
                 counters["exchange_max_send_lag_ns"] = max(
                     counters["exchange_max_send_lag_ns"], now - due[sent]
                 )
+                first = sent
                 for packet in pack_messages(
                     session, sequence, self.messages[sent:end], max_payload
                 ):
+                    carried = int.from_bytes(packet[18:20], "big")
+                    # Stamped before send(): on a veth the receiver may run inside that call.
+                    self.sent_ns[first : first + carried] = time.perf_counter_ns()
                     self._publish(packet)
+                    first += carried
                 sequence += end - sent
                 sent, last_send = end, now
                 continue
@@ -275,6 +290,10 @@ class _ReplayExchange:
         except PermissionError:  # an nftables drop on the output hook
             self.counters["exchange_dropped_packets"] += 1
             self.counters["exchange_dropped_messages"] += int.from_bytes(packet[18:20], "big")
+        except ConnectionRefusedError:
+            # An ICMP port unreachable for an earlier datagram, reported on this connected
+            # socket: the feed side closed while end of session was still being repeated.
+            self.counters["exchange_refused_packets"] += 1
 
     def _answer_rerequest(self, next_sequence: int) -> None:
         data, requester = self.rerequests.recvfrom(65536)
@@ -343,7 +362,7 @@ class _ExchangeProcess:
                 os.write(report_w, b"R")
                 exchange.run(exchange.wait_for_start(control_r), control_r)
                 exchange.close()
-                os.write(report_w, pickle.dumps(exchange.counters))
+                os.write(report_w, pickle.dumps((exchange.counters, exchange.sent_ns)))
             except BaseException as error:
                 status = 1
                 with contextlib.suppress(OSError):
@@ -361,8 +380,9 @@ class _ExchangeProcess:
     def go(self, t0_ns: int) -> None:
         os.write(self._control_w, struct.pack("=q", t0_ns))
 
-    def stop(self) -> dict[str, int]:
-        """Stop the exchange and return its counters (publisher drops are kernel ground truth)."""
+    def stop(self) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
+        """Stop the exchange: its counters (publisher drops are kernel ground truth) and when
+        it actually sent each message (perf_counter_ns, -1 if never)."""
         with contextlib.suppress(OSError):
             os.write(self._control_w, b"S")
             # EOF too: a child still waiting for t0 gives up instead of blocking forever.
@@ -374,8 +394,8 @@ class _ExchangeProcess:
         payload = b"".join(chunks)
         if not payload or payload.startswith(b"E"):
             raise RuntimeError(f"replay exchange failed: {payload[1:].decode(errors='replace')}")
-        counters: dict[str, int] = pickle.loads(payload)
-        return counters
+        counters, sent_ns = pickle.loads(payload)
+        return counters, sent_ns
 
     def _reap(self) -> None:
         for fd in (self._control_w, self._report_r):
@@ -506,7 +526,7 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
         complete = feed.complete
         counters = {**feed.counters(), "orders": strategy.orders, "acks": strategy.acks}
         counters["late_ticks_over_1ms"] = int(
-            np.count_nonzero(timer.stage_latencies_ns(0) > 1_000_000)
+            np.count_nonzero(timer.stage_latencies_ns(RECEIVE) > 1_000_000)
         )
         xdp_mode = feed.path.xdp_mode
     except BaseException:
@@ -518,7 +538,8 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
             connection.close()
         if feed is not None:
             feed.close()
-    counters.update(exchange.stop())
+    exchange_counters, timer.sent_ns[:] = exchange.stop()
+    counters.update(exchange_counters)
     document = timer.document(
         replay_labels(cfg.path, xdp_mode), start_wall_ns, end_wall_ns, counters
     )

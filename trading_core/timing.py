@@ -24,6 +24,10 @@ STAGES: Final = ("receive", "decode", "book", "decision", "encode", "send", "ack
 """Pipeline stages in order; each stamps when it is done with the tick."""
 RECEIVE, DECODE, BOOK, DECISION, ENCODE, SEND, ACK = range(len(STAGES))
 TICK_TO_TRADE: Final = "tick_to_trade"
+PUBLISH_LAG: Final = "publish_lag"
+"""Intended send time to the exchange's actual send: the publisher's own delay."""
+WIRE: Final = "wire"
+"""Actual send to receive in user space: the network path under test (XDP/AF_XDP or UDP)."""
 UNSET: Final = -1
 
 
@@ -34,6 +38,8 @@ class StageTimer:
         self.capacity = capacity
         self.intended_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         self.exchange_ts_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
+        # When the exchange actually sent each tick (same clock, another process), if known.
+        self.sent_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         self.stamps: npt.NDArray[np.int64] = np.full((capacity, len(STAGES)), UNSET, np.int64)
 
     def stamp(self, row: int, stage: int, now_ns: int | None = None) -> None:
@@ -53,13 +59,24 @@ class StageTimer:
         valid = (sent != UNSET) & (self.intended_ns != UNSET)
         return np.asarray(sent[valid] - self.intended_ns[valid], dtype=np.int64)
 
+    def receive_split_ns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The receive stage in two: (publish lag, wire) for ticks with a known actual send."""
+        sent, received = self.sent_ns, self.stamps[:, RECEIVE]
+        valid = (sent != UNSET) & (received != UNSET) & (self.intended_ns != UNSET)
+        lag = sent[valid] - self.intended_ns[valid]
+        wire = received[valid] - sent[valid]
+        return np.asarray(lag, dtype=np.int64), np.asarray(wire, dtype=np.int64)
+
     def histograms(self) -> dict[str, Histogram]:
-        """One histogram per stage plus tick-to-trade; negative spans (clock misuse) raise."""
+        """All stages, tick-to-trade, the receive split; a negative span (clock misuse) raises."""
         result = {
             name: Histogram.from_samples(self.stage_latencies_ns(index))
             for index, name in enumerate(STAGES)
         }
         result[TICK_TO_TRADE] = Histogram.from_samples(self.tick_to_trade_ns())
+        lag, wire = self.receive_split_ns()
+        result[PUBLISH_LAG] = Histogram.from_samples(lag)
+        result[WIRE] = Histogram.from_samples(wire)
         return result
 
     def document(

@@ -2,7 +2,7 @@
 
 import typer
 
-from tailsight.cli import doctor, gate, itch, record, replay, serve, trace, trading
+from tailsight.cli import doctor, explain, gate, itch, record, replay, serve, trace, trading
 
 app = typer.Typer(
     name="tailsight",
@@ -11,6 +11,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("doctor")(doctor.doctor)
+app.command("explain")(explain.explain)
 app.command("gate")(gate.gate)
 app.command("record")(record.record)
 app.command("replay")(replay.replay)

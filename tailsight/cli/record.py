@@ -8,6 +8,7 @@ import math
 import re
 import sys
 import threading
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 
 if TYPE_CHECKING:
-    from tailsight.collector.store import SeriesArrays
     from tailsight.histfile import HistDocument
 
 VIEW_WIDTH: Final = 80
@@ -99,57 +99,58 @@ def parse_time(text: str, first_ns: int, last_ns: int) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-def interval_quantiles(series: SeriesArrays, qs: tuple[float, ...]) -> list[list[float]]:
-    """Quantiles (ns, nan where empty) of every interval of a series, in time order."""
-    from tailsight.hist import NUM_BUCKETS, Histogram
+def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:
+    """Per series: overall quantiles, the worst interval's P99, and counts and quantiles of every
+    interval where it had observations. Streams: memory grows with series, not intervals."""
+    from tailsight.hist import Histogram
 
-    out = []
-    for row, total in zip(series.counts, series.sum_ns, strict=True):
-        hist = Histogram(row[:NUM_BUCKETS], overflow=int(row[NUM_BUCKETS]), sum_ns=int(total))
-        out.append(hist.quantiles(qs))
-    return out
-
-
-def summarize(documents: list[HistDocument]) -> dict[str, Any]:
-    """Per series: overall quantiles, the worst interval's P99 and quantiles per interval."""
-    from tailsight.collector.store import counter_arrays, series_arrays
-    from tailsight.hist import NUM_BUCKETS, Histogram
-
+    intervals = 0
+    start_ns = end_ns = None
+    totals: dict[tuple[tuple[str, str], ...], Histogram] = {}
+    rows: dict[tuple[tuple[str, str], ...], list[tuple[int, int, list[float]]]] = {}
+    counter_totals: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    for doc in documents:
+        intervals += 1
+        start_ns = doc.start_ns if start_ns is None else min(start_ns, doc.start_ns)
+        end_ns = doc.end_ns if end_ns is None else max(end_ns, doc.end_ns)
+        for series in doc.series:
+            key = tuple(sorted(series.labels.items()))
+            total = totals.get(key)
+            if total is None:
+                total = totals[key] = Histogram.empty()
+            total.counts += series.hist.counts
+            total.overflow += series.hist.overflow
+            total.sum_ns += series.hist.sum_ns
+            quantiles = series.hist.quantiles(SHOW_QUANTILES)
+            rows.setdefault(key, []).append((doc.end_ns, series.hist.count, quantiles))
+        for counter in doc.counters:
+            counter_key = (counter.name, tuple(sorted(counter.labels.items())))
+            counter_totals[counter_key] = counter_totals.get(counter_key, 0) + counter.value
     summary: dict[str, Any] = {
-        "intervals": len(documents),
-        "start_ns": documents[0].start_ns if documents else None,
-        "end_ns": documents[-1].end_ns if documents else None,
+        "intervals": intervals,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
         "series": [],
         "counters": [],
     }
-    for series in series_arrays(documents):
-        total = series.counts.sum(axis=0)
-        overall = Histogram(
-            total[:NUM_BUCKETS], overflow=int(total[NUM_BUCKETS]), sum_ns=int(series.sum_ns.sum())
-        )
-        per_interval = interval_quantiles(series, SHOW_QUANTILES)
-        p99s = [row[1] for row in per_interval]
-        worst = max(range(len(p99s)), key=lambda t: -1.0 if math.isnan(p99s[t]) else p99s[t])
+    for key, total in sorted(totals.items()):
+        history = sorted(rows[key])
+        p99s = [-1.0 if math.isnan(q[1]) else q[1] for _, _, q in history]
+        worst = max(range(len(history)), key=p99s.__getitem__)
         summary["series"].append(
             {
-                "labels": dict(series.labels),
-                "count": overall.count,
-                "quantiles_ns": _named(overall.quantiles(SHOW_QUANTILES)),
-                "worst_p99_ns": _finite(p99s[worst]),
-                "worst_p99_end_ns": int(series.times_ns[worst]),
-                "times_ns": series.times_ns.tolist(),
-                "counts": series.counts.sum(axis=1).tolist(),
-                "interval_quantiles_ns": [_named(row) for row in per_interval],
+                "labels": dict(key),
+                "count": total.count,
+                "quantiles_ns": _named(total.quantiles(SHOW_QUANTILES)),
+                "worst_p99_ns": _finite(history[worst][2][1]),
+                "worst_p99_end_ns": history[worst][0],
+                "times_ns": [t for t, _, _ in history],
+                "counts": [n for _, n, _ in history],
+                "interval_quantiles_ns": [_named(q) for _, _, q in history],
             }
         )
-    for counter in counter_arrays(documents):
-        summary["counters"].append(
-            {
-                "name": counter.name,
-                "labels": dict(counter.labels),
-                "total": int(counter.values.sum()),
-            }
-        )
+    for (name, labels), value in sorted(counter_totals.items()):
+        summary["counters"].append({"name": name, "labels": dict(labels), "total": value})
     return summary
 
 
@@ -223,17 +224,17 @@ def show(
         recording = Recording(directory)
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error), param_hint="DIR") from error
-    documents = recording.documents()
-    if documents and (since is not None or until is not None):
-        first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
-        since_ns = None if since is None else parse_time(since, first_ns, last_ns)
-        until_ns = None if until is None else parse_time(until, first_ns, last_ns)
-        documents = [
-            d
-            for d in documents
-            if (since_ns is None or d.end_ns > since_ns)
-            and (until_ns is None or d.start_ns < until_ns)
-        ]
+    since_ns = until_ns = None
+    bounds = recording.time_bounds() if since is not None or until is not None else None
+    if bounds is not None:
+        since_ns = None if since is None else parse_time(since, *bounds)
+        until_ns = None if until is None else parse_time(until, *bounds)
+    documents = (
+        d
+        for d in recording.iter_documents(since_ns, until_ns)
+        # Intervals overlapping the range by more than an endpoint.
+        if (since_ns is None or d.end_ns > since_ns) and (until_ns is None or d.start_ns < until_ns)
+    )
     summary = summarize(documents)
     summary["skipped_bytes"] = recording.skipped_bytes
     if json_output:

@@ -7,6 +7,7 @@ and compared with ``tailsight gate --series probe=replay,stage=tick_to_trade``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +63,9 @@ def replay(
         speed_for_duration,
     )
 
+    if os.geteuid() != 0:
+        typer.echo("error: replay needs root (network namespaces, XDP, AF_XDP)", err=True)
+        raise typer.Exit(2)
     paths = list(PATHS) if path == "both" else [path]
     if any(p not in PATHS for p in paths):
         typer.echo(f"error: --path must be afxdp, udp or both, not {path!r}", err=True)

@@ -3,39 +3,63 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol
 
 import typer
 
+from tailsight.cli.trace_view import (
+    HISTORY_INTERVALS,
+    KEY_QUIT,
+    PROBE_HEADINGS,
+    SPARK_BOUNDS_NS,
+    SPARK_LEGEND,
+    VIEW_WIDTH,
+    KeySource,
+    Selection,
+    apply_key,
+    render,
+    resolve_selection,
+    series_name,
+    sparkline,
+    terminal_keys,
+)
 from tailsight.probes.catalog import PROBE_CLASSES
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-    from rich.table import Table
-
     from tailsight.collector.cgroups import CgroupResolver
-    from tailsight.hist import Histogram
-    from tailsight.histfile import HistDocument, Series
+    from tailsight.histfile import HistDocument
     from tailsight.probes.base import Probe, Snapshot
 
+__all__ = [
+    "PROBE_HEADINGS",
+    "SPARK_BOUNDS_NS",
+    "SPARK_LEGEND",
+    "VIEW_WIDTH",
+    "LiveResult",
+    "Session",
+    "open_session",
+    "render",
+    "run_live",
+    "series_name",
+    "sparkline",
+    "trace",
+    "wait_until",
+]
+
 KNOWN_PROBES: Final = tuple(PROBE_CLASSES)
-VIEW_WIDTH: Final = 80
-PROBE_HEADINGS: Final = {
-    "runqueue": "run-queue wait",
-    "netsyscall": "socket syscall latency",
-}
-# Sparkline columns: exact coarse buckets (each an upper bound of the 5 µs model), then "more".
-SPARK_BOUNDS_NS: Final = (
-    5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
-    5_000_000, 10_240_000, 20_480_000, 40_960_000, 81_920_000, 163_840_000,
-)  # fmt: skip
-SPARK_LEGEND: Final = "5µs ... 160ms+"
-_BLOCKS: Final = "▁▂▃▄▅▆▇█"
+
+
+class TraceSource(Protocol):
+    """What the live loop needs from a session (a fake in tests)."""
+
+    def refresh_filter(self) -> None: ...
+
+    def advance(self) -> tuple[HistDocument, HistDocument]: ...
 
 
 @dataclass
@@ -46,6 +70,7 @@ class Session:
     cgroup_filter: list[str]
     probes: dict[str, Probe] = field(default_factory=dict)
     baseline: dict[str, Snapshot] = field(default_factory=dict)
+    last: dict[str, Snapshot] = field(default_factory=dict)
     start_ns: int = 0
 
     def keep(self, path: str) -> bool:
@@ -75,6 +100,38 @@ class Session:
             merged.counters.extend(doc.counters)
             merged.end_ns = max(merged.end_ns, doc.end_ns)
         return merged
+
+    def advance(self) -> tuple[HistDocument, HistDocument]:
+        """One read of every probe: (everything since the start, the interval since the previous
+        ``advance``); both from the same snapshot, so they agree exactly."""
+        from tailsight.histfile import HistDocument
+
+        now_ns = time.time_ns()
+        total = HistDocument(start_ns=self.start_ns, end_ns=now_ns)
+        interval = HistDocument(start_ns=now_ns, end_ns=now_ns)
+        for name, probe in self.probes.items():
+            snapshot = probe.read()
+            previous = self.last.get(name, self.baseline[name])
+            self.last[name] = snapshot
+            since_start = snapshot - self.baseline[name]
+            since_previous = snapshot - previous
+            for merged, part in (
+                (
+                    total,
+                    since_start.to_document(self.start_ns, self.resolver.resolve_many, self.keep),
+                ),
+                (
+                    interval,
+                    since_previous.to_document(
+                        previous.taken_ns, self.resolver.resolve_many, self.keep
+                    ),
+                ),
+            ):
+                merged.series.extend(part.series)
+                merged.counters.extend(part.counters)
+                merged.start_ns = min(merged.start_ns, part.start_ns)
+                merged.end_ns = max(merged.end_ns, part.end_ns)
+        return total, interval
 
     def close(self) -> None:
         for probe in self.probes.values():
@@ -110,110 +167,11 @@ def open_session(
     session.refresh_filter()
     session.start_ns = time.time_ns()
     session.baseline = {name: p.read() for name, p in session.probes.items()}
+    session.last = dict(session.baseline)
     return session
 
 
-def sparkline(hist: Histogram) -> str:
-    """One character per coarse bucket, height relative to the fullest (blank = empty)."""
-    counts = hist.rebucket(SPARK_BOUNDS_NS).tolist()
-    peak = max(counts)
-    if peak == 0:
-        return " " * len(counts)
-    return "".join(
-        " " if n == 0 else _BLOCKS[min(len(_BLOCKS) - 1, int(len(_BLOCKS) * n / peak))]
-        for n in counts
-    )
-
-
-def _us(value_ns: float) -> str:
-    if math.isnan(value_ns):
-        return "-"
-    return f"{value_ns / 1_000:,.0f}" if value_ns >= 10_000 else f"{value_ns / 1_000:.1f}"
-
-
-def series_name(labels: Mapping[str, str]) -> str:
-    """A series' row heading: its cgroup, then any other labels (e.g. the syscall)."""
-    extra = [v for k, v in sorted(labels.items()) if k not in ("probe", "cgroup")]
-    return " ".join([labels.get("cgroup", "?"), *extra])
-
-
-def _latency_table(title: str, series: list[Series]) -> Table:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=title, width=VIEW_WIDTH, title_justify="left", pad_edge=False)
-    table.add_column("cgroup", overflow="fold", ratio=1)
-    for heading in ("count", "P50 µs", "P99 µs", "P99.9 µs"):
-        table.add_column(heading, justify="right", no_wrap=True)
-    table.add_column(SPARK_LEGEND, no_wrap=True, width=len(SPARK_BOUNDS_NS) + 1)
-    for s in sorted(series, key=lambda s: (-s.hist.count, series_name(s.labels))):
-        p50, p99, p999 = s.hist.quantiles([0.5, 0.99, 0.999])
-        table.add_row(
-            Text(series_name(s.labels)),
-            f"{s.hist.count:,}",
-            _us(p50),
-            _us(p99),
-            _us(p999),
-            sparkline(s.hist),
-        )
-    return table
-
-
-def render(document: HistDocument, title: str, top: int = 5) -> RenderableType:
-    """One latency table per probe (count, P50/P99/P99.9 µs, sparkline), the top displaced
-    pairs, the top outlier stacks and the drop count."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    from tailsight.probes.outliers import short_stack, top_outlier_stacks
-    from tailsight.probes.runqueue import top_pairs
-
-    by_probe: dict[str, list[Series]] = {}
-    for s in document.series:
-        by_probe.setdefault(s.labels.get("probe", "?"), []).append(s)
-    parts: list[RenderableType] = [Text(title, style="bold")]
-    for probe in sorted(by_probe):
-        heading = PROBE_HEADINGS.get(probe, probe)
-        parts.append(_latency_table(f"{heading} ({probe})", by_probe[probe]))
-    pairs = top_pairs(document, top)
-    if pairs:
-        table = Table(
-            title="run-queue wait: victim <- aggressor",
-            width=VIEW_WIDTH,
-            title_justify="left",
-            pad_edge=False,
-        )
-        table.add_column("victim", overflow="fold", ratio=1)
-        table.add_column("aggressor", overflow="fold", ratio=1)
-        table.add_column("wait ms", justify="right", no_wrap=True)
-        table.add_column("switches", justify="right", no_wrap=True)
-        for victim, aggressor, wait_ns, switches in pairs:
-            table.add_row(Text(victim), Text(aggressor), f"{wait_ns / 1e6:,.1f}", f"{switches:,}")
-        parts.append(table)
-    stacks = top_outlier_stacks(document, top)
-    if stacks:
-        table = Table(
-            title="top outlier stacks (leaf last)",
-            width=VIEW_WIDTH,
-            title_justify="left",
-            pad_edge=False,
-        )
-        table.add_column("probe cgroup", overflow="fold", ratio=2)
-        table.add_column("events", justify="right", no_wrap=True)
-        table.add_column("kernel | user", overflow="fold", ratio=3)
-        for stack in stacks:
-            frames = f"{short_stack(stack.kernel_stack)} | {short_stack(stack.user_stack)}"
-            where = " ".join(filter(None, (stack.probe, stack.cgroup, stack.detail)))
-            table.add_row(Text(where), f"{stack.events:,}", Text(frames))
-        parts.append(table)
-    dropped = sum(c.value for c in document.counters if c.name.endswith("_dropped_events"))
-    if dropped:
-        parts.append(Text(f"dropped events: {dropped}"))
-    return Group(*parts)
-
-
-def wait_until(session: Session, duration_s: float | None, interval_s: float) -> None:
+def wait_until(session: TraceSource, duration_s: float | None, interval_s: float) -> None:
     """Sleep for the duration (or until Ctrl-C), refreshing the cgroup filter every interval."""
     deadline = None if duration_s is None else time.monotonic() + duration_s
     try:
@@ -225,30 +183,79 @@ def wait_until(session: Session, duration_s: float | None, interval_s: float) ->
         pass
 
 
+@dataclass
+class LiveResult:
+    """What a live trace leaves: the whole run, its last intervals and the final selection."""
+
+    summary: HistDocument
+    intervals: list[HistDocument]
+    selection: Selection | None
+
+
 def run_live(
-    session: Session,
+    session: TraceSource,
     duration_s: float | None,
     interval_s: float,
     console: Any,
     title: str = "latency per cgroup",
-) -> HistDocument:
-    """Refresh the view every interval until the duration ends or Ctrl-C; returns the summary."""
+    keys: KeySource | None = None,
+    selection: Selection | None = None,
+) -> LiveResult:
+    """Refresh the view every interval until the duration ends, Ctrl-C or ``q``; keys (if any)
+    move the selection between refreshes and redraw at once."""
     from rich.live import Live
 
+    intervals: deque[HistDocument] = deque(maxlen=HISTORY_INTERVALS)
+    document, _ = session.advance()  # the moments since the session opened: not an interval
+    selection = resolve_selection(document, selection)
     deadline = None if duration_s is None else time.monotonic() + duration_s
-    document = session.document()
-    with Live(render(document, title), console=console, auto_refresh=False, transient=True) as live:
+    height = max(10, int(getattr(console, "height", 40)) - 1)
+
+    def view() -> Any:
+        elapsed_s = (document.end_ns - document.start_ns) / 1e9
+        return render(
+            document,
+            f"{title}, {elapsed_s:.0f} s",
+            selection=selection,
+            intervals=list(intervals),
+            height=height,
+            keys_help=keys is not None,
+        )
+
+    with Live(view(), console=console, auto_refresh=False, transient=True) as live:
+        next_refresh = time.monotonic()
         try:
-            while deadline is None or time.monotonic() < deadline:
-                remaining = interval_s if deadline is None else deadline - time.monotonic()
-                time.sleep(max(0.0, min(interval_s, remaining)))
+            while True:
+                # On a fixed schedule, so that columns of the heatmap are equal intervals.
+                next_refresh = max(next_refresh + interval_s, time.monotonic())
+                if deadline is not None:
+                    next_refresh = min(next_refresh, deadline)
+                stop = False
+                try:
+                    while (remaining_s := next_refresh - time.monotonic()) > 0:
+                        if keys is None:
+                            time.sleep(remaining_s)
+                            break
+                        key = keys.read(remaining_s)
+                        if key == KEY_QUIT:
+                            stop = True
+                            break
+                        if key is not None:
+                            selection = apply_key(document, selection, key)
+                            live.update(view(), refresh=True)
+                except KeyboardInterrupt:
+                    stop = True
+                # Always at least one interval, and the last (partial) one when stopped early.
                 session.refresh_filter()
-                document = session.document()
-                elapsed_s = (document.end_ns - document.start_ns) / 1e9
-                live.update(render(document, f"{title}, {elapsed_s:.0f} s"), refresh=True)
+                document, interval = session.advance()
+                intervals.append(interval)
+                selection = resolve_selection(document, selection)
+                if stop or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                live.update(view(), refresh=True)
         except KeyboardInterrupt:
             pass
-    return session.document()
+    return LiveResult(document, list(intervals), selection)
 
 
 def trace(
@@ -294,8 +301,17 @@ def trace(
             sys.stdout.write(session.document().dumps())
             return
         console = Console(width=min(Console().width, VIEW_WIDTH))
-        summary = run_live(session, duration, interval, console)
+        with terminal_keys() as keys:
+            result = run_live(session, duration, interval, console, keys=keys)
+        summary = result.summary
         elapsed_s = (summary.end_ns - summary.start_ns) / 1e9
-        console.print(render(summary, f"summary over {elapsed_s:.1f} s"))
+        console.print(
+            render(
+                summary,
+                f"summary over {elapsed_s:.1f} s",
+                selection=result.selection,
+                intervals=result.intervals,
+            )
+        )
     finally:
         session.close()

@@ -252,7 +252,7 @@ def render(
     for probe, rows in grouped.items():
         heading = PROBE_HEADINGS.get(probe, probe)
         table = _latency_table(f"{heading} ({probe})", rows, selected, 5 if live else None)
-        parts.append((5, table))
+        parts.append((7 if selection is not None and probe == selection.probe else 5, table))
     if selection is not None and intervals:
         parts.append((8, heatmap(intervals, selection)))
     pairs = _pairs_table(document, 3 if live else top)
@@ -302,7 +302,9 @@ def resolve_selection(document: HistDocument, selection: Selection | None) -> Se
     return selection
 
 
-def move_selection(document: HistDocument, selection: Selection | None, step: int) -> Selection | None:
+def move_selection(
+    document: HistDocument, selection: Selection | None, step: int
+) -> Selection | None:
     """``step`` rows down (negative: up) in the selected probe's table, wrapping around."""
     current = resolve_selection(document, selection)
     if current is None:
@@ -311,7 +313,9 @@ def move_selection(document: HistDocument, selection: Selection | None, step: in
     return Selection(current.probe, keys[(keys.index(current.key) + step) % len(keys)])
 
 
-def switch_probe(document: HistDocument, selection: Selection | None, step: int) -> Selection | None:
+def switch_probe(
+    document: HistDocument, selection: Selection | None, step: int
+) -> Selection | None:
     """The first row of the next (``step`` = 1) or previous probe's table, wrapping around."""
     current = resolve_selection(document, selection)
     if current is None:
@@ -490,16 +494,14 @@ def interval_p99s_ns(intervals: Sequence[HistDocument], selection: Selection) ->
 
 
 def _p99_line(p99s: list[float], cell: int) -> str:
-    finite = [p for p in p99s if not math.isnan(p)]
-    if not finite:
-        return " " * (cell * len(p99s))
-    low, high = min(finite), max(finite)
+    """Bar heights from 0 to the window's highest P99 (blank: no events in that interval)."""
+    high = max((p for p in p99s if not math.isnan(p)), default=0.0)
     chars = []
     for p in p99s:
-        if math.isnan(p):
+        if math.isnan(p) or high <= 0:
             chars.append(" " * cell)
             continue
-        level = 0 if high == low else round((len(_BLOCKS) - 1) * (p - low) / (high - low))
+        level = max(0, math.ceil(len(_BLOCKS) * p / high) - 1)
         chars.append(_BLOCKS[level] * cell)
     return "".join(chars)
 
@@ -538,18 +540,20 @@ def heatmap(
     left, right = f"-{span_s:.1f} s", "now"
     axis = left + right.rjust(max(1, columns - len(left)))
     lines.append(Text(f"{'':>{_LABEL_WIDTH}}   {axis}"))
-    finite = [p for p in p99s if not math.isnan(p)]
-    p99_text = (
-        f"P99 last {_short_duration(finite[-1])}, min {_short_duration(min(finite))}, "
-        f"max {_short_duration(max(finite))}"
-        if finite
-        else "no P99"
-    )
     lines.append(
         Text(
-            f"{span_s / len(shown):.2g} s per column; ░▒▓█: up to 1/4..4/4 of {peak:,} events; "
-            f"{p99_text}",
+            f"{span_s / len(shown):.2g} s per column; shade ░ ▒ ▓ █ = up to ¼ ½ ¾ all of "
+            f"{peak:,} events",
             overflow="fold",
         )
     )
+    finite = [p for p in p99s if not math.isnan(p)]
+    if finite:
+        lines.append(
+            Text(
+                f"P99 per interval (exact, 5 µs buckets): last {_short_duration(finite[-1])}, "
+                f"min {_short_duration(min(finite))}, max {_short_duration(max(finite))}",
+                overflow="fold",
+            )
+        )
     return Text("\n").join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,73 @@ def test_trace_json_on_workload(kernel_ready: None) -> None:
         if c.name == "runqueue_displaced_switches"
     }
     assert (f"/{base}/victim", f"/{base}/noisy") in aggressors
+
+
+class FakeSession:
+    """Stands in for the attached probes: a fixed document, one interval per advance."""
+
+    def __init__(self, document: HistDocument) -> None:
+        self.doc = document
+        self.probes = {"runqueue": object()}
+        self.closed = False
+
+    def refresh_filter(self) -> None:
+        pass
+
+    def document(self) -> HistDocument:
+        return self.doc
+
+    def advance(self) -> tuple[HistDocument, HistDocument]:
+        return self.doc, self.doc
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def known_document() -> HistDocument:
+    return HistDocument(
+        1_700_000_000_000_000_000,
+        1_700_000_002_000_000_000,
+        [
+            Series(
+                {"probe": "runqueue", "cgroup": "/victim"},
+                Histogram.from_samples([3_000, 7_000, 7_000, 40_000_000]),
+            )
+        ],
+        [Counter("runqueue_dropped_events", {"reason": "ringbuf"}, 2)],
+    )
+
+
+def test_json_output_is_the_document_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tailsight.cli.trace as trace_module
+
+    session = FakeSession(known_document())
+    monkeypatch.setattr(trace_module, "open_session", lambda *args: session)
+    result = runner.invoke(app, ["trace", "--json", "--duration", "0"])
+    assert result.exit_code == 0, result.output
+    # exactly one tailsight.hist/1 document, nothing else on stdout (no view, no help line)
+    assert result.stdout == known_document().dumps()
+    assert result.stdout.startswith('{\n  "format": "tailsight.hist/1"')
+    assert HistDocument.loads(result.stdout).series[0].hist.count == 4
+    assert session.closed
+
+
+def test_view_without_a_terminal_prints_summary_and_heatmap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tailsight.cli.trace as trace_module
+    from tailsight.cli.trace_view import KEY_HELP
+
+    session = FakeSession(known_document())
+    monkeypatch.setattr(trace_module, "open_session", lambda *args: session)
+    result = runner.invoke(app, ["trace", "--duration", "0.15", "--interval", "0.05"])
+    assert result.exit_code == 0, result.output
+    assert "summary over 2.0 s" in result.stdout
+    assert "▶ /victim" in result.stdout and "run-queue wait (runqueue): /victim" in result.stdout
+    assert "P99 per interval" in result.stdout and "dropped events: 2" in result.stdout
+    assert KEY_HELP not in result.stdout  # no TTY: no keys are read, so none are offered
+    assert max(len(line) for line in result.stdout.splitlines()) <= VIEW_WIDTH
+    assert session.closed
 
 
 def test_unknown_probe_and_cgroup_are_rejected() -> None:
@@ -132,6 +200,36 @@ def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
     paths = {s.labels["cgroup"] for s in doc.series}
     assert paths == {f"/{base}/early", f"/{base}/sub/late"}
     assert all(c.labels["victim"] in paths for c in doc.counters if "victim" in c.labels)
+
+
+@pytest.mark.kernel
+def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
+    from tailsight.cli.trace import open_session
+    from tailsight.workload import Task, Workload, default_cpu, private_base
+
+    cpu = default_cpu()
+    base = private_base("advance")
+    with Workload([Task("a", cpu=cpu), Task("b", cpu=cpu)], base=base):
+        session = open_session(["runqueue"], [f"/{base}"], pytest.fail)
+        try:
+            intervals = []
+            for _ in range(4):
+                time.sleep(0.3)
+                total, interval = session.advance()
+                intervals.append(interval)
+        finally:
+            session.close()
+    assert [i.start_ns for i in intervals[1:]] == [i.end_ns for i in intervals[:-1]]
+    # the baseline is read just after the session's start time is taken
+    assert 0 <= intervals[0].start_ns - total.start_ns < 100_000_000
+    assert intervals[-1].end_ns == total.end_ns
+    for series in total.series:
+        assert series.hist.count > 10
+        summed = Histogram.empty()
+        for interval in intervals:
+            for part in interval.find(**series.labels):
+                summed = summed + part.hist
+        assert summed == series.hist
 
 
 @pytest.mark.kernel

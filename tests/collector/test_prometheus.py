@@ -280,7 +280,11 @@ def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Pa
             checks = 0
             last_check = time.monotonic()
             previous: list[Path] = []
+            churn_began = time.monotonic()
             for batch in range(10):
+                # Pace the batches (at least 5 s in all): cgroups live across agent intervals
+                # and Prometheus scrapes, and the series count is checked several times.
+                time.sleep(max(0.0, churn_began + 0.5 * batch - time.monotonic()))
                 dirs = [churn_root / f"{batch}-{n}" for n in range(20)]
                 for directory in dirs:
                     directory.mkdir()

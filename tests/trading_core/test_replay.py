@@ -23,7 +23,7 @@ from tailsight.trading_core.replay import (
     replay_once,
     speed_for_duration,
 )
-from tailsight.trading_core.timing import STAGES, TICK_TO_TRADE
+from tailsight.trading_core.timing import PUBLISH_LAG, STAGES, TICK_TO_TRADE, WIRE
 from typer.testing import CliRunner
 
 from tailsight.histfile import HistDocument
@@ -85,12 +85,16 @@ def test_lossy_replay_recovers_every_message_and_rebuilds_the_book(
 
     document = HistDocument.loads(result.document.dumps())
     by_stage = {s.labels["stage"]: s for s in document.series}
-    assert set(by_stage) == {*STAGES, TICK_TO_TRADE}
+    assert set(by_stage) == {*STAGES, TICK_TO_TRADE, PUBLISH_LAG, WIRE}
     for series in document.series:
         assert series.labels["probe"] == "replay"
         assert series.labels["path"] == path
         assert series.labels["xdp_mode"] == ("copy/skb" if path == "afxdp" else "none")
     assert by_stage["receive"].hist.count == MESSAGES
+    # Every tick was sent once by the publisher (dropped or not): receive = publish lag + wire.
+    assert by_stage[PUBLISH_LAG].hist.count == by_stage[WIRE].hist.count == MESSAGES
+    receive_sum = by_stage["receive"].hist.sum_ns
+    assert by_stage[PUBLISH_LAG].hist.sum_ns + by_stage[WIRE].hist.sum_ns == receive_sum
     assert by_stage[TICK_TO_TRADE].hist.count == counters["orders"]
     assert by_stage["ack"].hist.count == counters["acks"]
     # Tick-to-trade spans receive..send, so it cannot be below their sum for the same ticks.

@@ -7,11 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tailsight.trading_core.timing import (
     ACK,
+    PUBLISH_LAG,
     RECEIVE,
     SEND,
     STAGES,
     TICK_TO_TRADE,
     UNSET,
+    WIRE,
     StageTimer,
     replay_labels,
 )
@@ -62,7 +64,8 @@ def test_histograms_match_per_tick_reference(ticks: tuple[list[int], list[list[i
                 timer.stamp(row, stage, stamp)
     expected = _reference(intended, rows)
     histograms = timer.histograms()
-    assert set(histograms) == set(expected)
+    assert set(histograms) == {*expected, PUBLISH_LAG, WIRE}
+    assert histograms[PUBLISH_LAG].count == histograms[WIRE].count == 0  # no send times given
     for name, spans in expected.items():
         assert histograms[name] == Histogram.from_samples(np.array(spans, dtype=np.int64)), name
         assert histograms[name].sum_ns == sum(spans)
@@ -96,7 +99,7 @@ def test_document_round_trips_with_labels_and_counters(tmp_path: object) -> None
     labels = replay_labels("afxdp", "copy/skb")
     document = timer.document(labels, 10, 20, {"gaps_detected": 3})
     again = HistDocument.loads(document.dumps())
-    assert {s.labels["stage"] for s in again.series} == {*STAGES, TICK_TO_TRADE}
+    assert {s.labels["stage"] for s in again.series} == {*STAGES, TICK_TO_TRADE, PUBLISH_LAG, WIRE}
     for series in again.series:
         assert series.labels["probe"] == "replay"
         assert series.labels["path"] == "afxdp"
@@ -105,3 +108,18 @@ def test_document_round_trips_with_labels_and_counters(tmp_path: object) -> None
     assert tick_to_trade.hist.count == 1
     assert tick_to_trade.hist.sum_ns == 6_000 * (SEND + 1)
     assert [(c.name, c.value) for c in again.counters] == [("gaps_detected", 3)]
+
+
+def test_receive_splits_into_publish_lag_and_wire_exactly() -> None:
+    timer = StageTimer(4)
+    timer.intended_ns[:] = [0, 1_000, 2_000, 3_000]
+    timer.sent_ns[:] = [500, 1_000, UNSET, 9_000]  # tick 2: send time unknown
+    for row, received in enumerate([20_500, 8_000, 4_000, 9_001]):
+        timer.stamp(row, RECEIVE, received)
+    lag, wire = timer.receive_split_ns()
+    assert lag.tolist() == [500, 0, 6_000]
+    assert wire.tolist() == [20_000, 7_000, 1]
+    histograms = timer.histograms()
+    known = [0, 1, 3]
+    receive_known = sum(int(timer.stamps[r, RECEIVE] - timer.intended_ns[r]) for r in known)
+    assert histograms[PUBLISH_LAG].sum_ns + histograms[WIRE].sum_ns == receive_known

@@ -1,0 +1,78 @@
+"""``tailsight explain RECORDING``: the tail jumps of a recording and their ranked causes, as plain
+text (80 columns), JSON, or a self-contained HTML report.
+
+Exit status: 0 (whether or not jumps were found), 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def explain(
+    recording: Annotated[Path, typer.Argument(help="Recording directory (tailsight record).")],
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="End, same forms as --since.")
+    ] = None,
+    series: Annotated[
+        str | None,
+        typer.Option("--series", help="Only series with these labels, e.g. probe=runqueue."),
+    ] = None,
+    quantiles: Annotated[
+        str, typer.Option("--quantiles", help="Tail quantiles to test, e.g. 0.99,0.999.")
+    ] = "0.99",
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON, no text.")] = False,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write an offline HTML report here.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+) -> None:
+    """Find tail jumps and explain them: when, which series, P99 before/after, causes."""
+    from tailsight.analysis.explain import ExplainConfig, explain_documents
+    from tailsight.analysis.quantiles import parse_quantiles, parse_selector
+    from tailsight.cli.record import parse_time
+    from tailsight.collector.store import Recording
+
+    try:
+        selector = parse_selector(series)
+        qs = tuple(parse_quantiles(quantiles))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    try:
+        store = Recording(recording)
+    except FileNotFoundError as error:
+        raise typer.BadParameter(str(error), param_hint="RECORDING") from error
+    documents = store.documents()
+    if documents and (since is not None or until is not None):
+        first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
+        since_ns = None if since is None else parse_time(since, first_ns, last_ns)
+        until_ns = None if until is None else parse_time(until, first_ns, last_ns)
+        documents = [
+            d
+            for d in documents
+            if (since_ns is None or d.end_ns > since_ns)
+            and (until_ns is None or d.start_ns < until_ns)
+        ]
+    report = explain_documents(documents, selector, ExplainConfig(quantiles=qs, seed=seed))
+    if html is not None:
+        from tailsight.analysis.report_html import render_html
+
+        page = render_html(report, documents, title=f"tailsight explain {recording.name}")
+        html.write_text(page, encoding="utf-8")
+    if json_output:
+        sys.stdout.write(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(report.render_text())
+        if html is not None:
+            sys.stdout.write(f"HTML report: {html}\n")
+    if store.skipped_bytes:
+        print(f"skipped {store.skipped_bytes} torn or corrupt bytes", file=sys.stderr)
