@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in narrate(summary, groups):
         console.print(line, markup=False)
     console.print()
+    console.print(
+        "How the victim's waits were spread, interval by interval (newest on the right):",
+        markup=False,
+    )
     # The victim's heatmap, whatever was selected live: the demo's story is about the victim.
     console.print(heatmap(result.intervals, victim, console.width))
     return 0

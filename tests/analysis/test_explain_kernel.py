@@ -21,17 +21,19 @@ CPU = 0
 INTERVAL_S = 0.5
 BASELINE_S = 8.0
 FAULT_S = 8.0
-VICTIM_CODE = (
+# Both at nice -19: this machine's other load (cgroup /) also queues on CPU 0, and the probe
+# charges a wait to the task that held the CPU just before the victim got it. At equal, high
+# weight the victim and the hog share CPU 0 between themselves, so the hog's waits are charged
+# to the hog, not to whichever background task happened to run last.
+HIGH_PRIORITY = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -19)\n"
+VICTIM_CODE = HIGH_PRIORITY + (
     "import time\n"
     "while True:\n"
     "    time.sleep(0.001)\n"
     "    end = time.perf_counter() + 0.002\n"
     "    while time.perf_counter() < end: pass\n"
 )
-# Nice -10: on a machine whose other load already queues on CPU 0 the hog must dominate that
-# CPU, or the waits it causes are charged to whichever background task ran last (the probe
-# names the task that held the CPU just before the victim got it).
-HOG_CODE = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -10)\nwhile True: pass\n"
+HOG_CODE = HIGH_PRIORITY + "while True: pass\n"
 
 
 def _intervals(directory: Path) -> int:
