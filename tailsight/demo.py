@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         victim = Selection(
             "runqueue", series_key({"probe": "runqueue", "cgroup": groups["victim"]})
         )
-        session = open_session(["runqueue"], [f"/{workload.base}"], console.print)
+        # Exactly the workload's groups: tests may run their own workloads under the same base.
+        session = open_session(["runqueue"], list(groups.values()), console.print)
         if not session.probes:
             console.print("nothing attached: run `tailsight doctor` to see why")
             return 1

@@ -154,7 +154,7 @@ def _latency_table(
         p50, p99, p999 = s.hist.quantiles([0.5, 0.99, 0.999])
         mine = selected is not None and series_key(s.labels) == selected
         # The marker, not only the style, shows the selection: readable without colours.
-        name = Text(("▶ " if mine else "") + series_name(s.labels))
+        name = Text(("▶" if mine else "") + series_name(s.labels))
         table.add_row(
             name,
             f"{s.hist.count:,}",
@@ -538,7 +538,7 @@ def heatmap(
     lines.append(Text(f"{'P99':>{_LABEL_WIDTH}}   {_p99_line(p99s, cell)}"))
     span_s = (shown[-1].end_ns - shown[0].start_ns) / 1e9
     left, right = f"-{span_s:.1f} s", "now"
-    axis = left + right.rjust(max(1, columns - len(left)))
+    axis = left + right.rjust(max(len(right) + 1, columns - len(left)))
     lines.append(Text(f"{'':>{_LABEL_WIDTH}}   {axis}"))
     lines.append(
         Text(

@@ -120,7 +120,7 @@ def test_view_without_a_terminal_prints_summary_and_heatmap(
     result = runner.invoke(app, ["trace", "--duration", "0.15", "--interval", "0.05"])
     assert result.exit_code == 0, result.output
     assert "summary over 2.0 s" in result.stdout
-    assert "▶ /victim" in result.stdout and "run-queue wait (runqueue): /victim" in result.stdout
+    assert "▶/victim" in result.stdout and "run-queue wait (runqueue): /victim" in result.stdout
     assert "P99 per interval" in result.stdout and "dropped events: 2" in result.stdout
     assert KEY_HELP not in result.stdout  # no TTY: no keys are read, so none are offered
     assert max(len(line) for line in result.stdout.splitlines()) <= VIEW_WIDTH

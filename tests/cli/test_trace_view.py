@@ -287,7 +287,7 @@ def test_whole_view_fits_80_columns(console_width: int) -> None:
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= VIEW_WIDTH
     assert lines[-1].strip() == KEY_HELP
-    assert "▶ /victim" in text  # the selected row is marked without relying on colour
+    assert "▶/victim" in text  # the selected row is marked without relying on colour
     assert "run-queue wait (runqueue): /victim" in text
     assert "P99 per interval" in text and "victim <- aggressor" in text
 
@@ -308,7 +308,7 @@ def test_live_view_fits_height_and_keeps_the_selection_visible() -> None:
     lines = text.splitlines()
     assert len(lines) <= 45
     assert max(len(line) for line in lines) <= VIEW_WIDTH
-    assert "▶ /victim" in text and "more" in text
+    assert "▶/victim" in text and "more" in text
     assert "P99 per interval" in text  # the heatmap outranks the stacks
     assert "top outlier stacks" not in text
     assert lines[-1].strip() == KEY_HELP
