@@ -343,10 +343,16 @@ class AggressorShare:
     def excess_ns(self) -> float:
         return self.wait_after_ns - self.wait_before_ns
 
+    @property
+    def new(self) -> bool:
+        """Displaced the victim after the change only (e.g. a job started then)."""
+        return self.wait_before_ns == 0 and self.switches_before == 0 and self.wait_after_ns > 0
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
         return {
             "aggressor": self.aggressor,
+            "new": self.new,
             "wait_before_ns": self.wait_before_ns,
             "wait_after_ns": self.wait_after_ns,
             "excess_ns": self.excess_ns,

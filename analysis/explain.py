@@ -118,8 +118,8 @@ class JumpExplanation:
                 f"sources getting slower (rate), {_pct(d.volume_share)} more traffic (volume)."
             )
             parts = []
-            for source in d.sources[:top]:
-                if not source.effect > 0:
+            for rank, source in enumerate(d.sources[:top]):
+                if not source.effect > 0 or (rank and not source.share.low > 0):
                     break
                 kind = "slower" if source.rate_effect >= source.volume_effect else "more traffic"
                 parts.append(f"{self._source_name(source.source)} {_pct(source.share)} ({kind})")
@@ -133,13 +133,17 @@ class JumpExplanation:
                 others = [a for a in others if a.share.value >= 0.05]
                 line = (
                     f"{_pct(first.share)} of the excess run-queue wait of {shown.victim} is time "
-                    f"displaced by {_aggressor(first.aggressor)} "
+                    f"displaced by {_aggressor(first.aggressor)}{' (new)' if first.new else ''} "
                     f"({_us(first.wait_before_ns)} -> {_us(first.wait_after_ns)} µs of wait per "
                     f"interval)"
                 )
                 if others:
+                    # The probe charges a wait to the task that ran just before the victim; under
+                    # background load a brief third task often runs last, so the newcomer that
+                    # caused the wait can rank second: say that it is new.
                     line += "; then " + ", ".join(
-                        f"{_aggressor(a.aggressor)} {_pct(a.share)}" for a in others
+                        f"{_aggressor(a.aggressor)} {_pct(a.share)}" + (" (new)" if a.new else "")
+                        for a in others
                     )
                 out.append(line + ".")
         discovered = [s for s in self.stacks if s.discovered and s.excess > 0][:top]
@@ -194,7 +198,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict (nan and inf -> None, so strict JSON parsers accept it)."""
-        return _clean(
+        cleaned: dict[str, Any] = _clean(
             {
                 "start_ns": self.start_ns,
                 "end_ns": self.end_ns,
@@ -205,6 +209,7 @@ class Report:
                 "jumps": [j.to_json() for j in self.jumps],
             }
         )
+        return cleaned
 
     def headline(self) -> str:
         """One line: range, series tested, jumps found."""

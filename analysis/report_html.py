@@ -27,6 +27,7 @@ PLOT_W: Final = 720
 PLOT_H: Final = 240
 MARGIN_L: Final = 70
 MARGIN_B: Final = 30
+PLOT_TOP: Final = 24
 HEAT_ROWS: Final = 60
 QUANTILE_COLORS: Final = {0.5: "#4c78a8", 0.99: "#e45756", 0.999: "#b279a2"}
 # A perceptually ordered ramp (viridis stops) for the heatmap, low to high.
@@ -54,9 +55,13 @@ def render_html(
         body.append("<ul>")
         body.extend(f"<li>{_e(line)}</li>" for line in jump.sentences(report.config.top))
         body.append("</ul>")
+        level = f"{report.config.level:.0%}"
+        body.append("<p>Quantiles per interval; shaded: the windows compared.</p>")
         body.append(quantile_plot(jump))
+        body.append("<p>Histogram per interval (colour: log of the count).</p>")
         counts = view_counts(documents, jump.series, report.selector)
         body.append(heatmap(counts, jump))
+        body.append(f"<p>Shares of the excess (bars) with {level} bootstrap intervals.</p>")
         body.append(share_bars(jump))
     return (
         "<!DOCTYPE html>\n"
@@ -75,8 +80,8 @@ def quantile_plot(jump: JumpExplanation) -> str:
     values = np.array(jump.interval_quantiles_ns, dtype=np.float64).reshape(-1, len(PLOT_QUANTILES))
     intervals = values.shape[0]
     finite = values[np.isfinite(values) & (values > 0)]
-    low_us = max(1.0, float(finite.min()) / 1e3) if finite.size else 1.0
-    high_us = max(low_us * 10, float(finite.max()) / 1e3) if finite.size else 10.0
+    low_us = max(1.0, float(finite.min()) / 1.3e3) if finite.size else 1.0
+    high_us = max(low_us * 10, float(finite.max()) * 1.3 / 1e3) if finite.size else 10.0
     lo, hi = math.log10(low_us), math.log10(high_us)
 
     def x(t: float) -> float:
@@ -84,15 +89,16 @@ def quantile_plot(jump: JumpExplanation) -> str:
 
     def y(value_ns: float) -> float:
         level = (math.log10(value_ns / 1e3) - lo) / (hi - lo)
-        return 10 + (1.0 - level) * (PLOT_H - MARGIN_B - 10)
+        return PLOT_TOP + (1.0 - level) * (PLOT_H - MARGIN_B - PLOT_TOP)
 
     parts = [_svg_open(PLOT_W, PLOT_H, "quantiles over time")]
     w = jump.windows
     left = x(w.before_start - 0.5)
     mid = x(w.change - 0.5)
     right = x(w.after_stop - 0.5)
-    parts.append(_rect(left, 10, mid - left, PLOT_H - MARGIN_B - 10, "#eef3f8", "window-before"))
-    parts.append(_rect(mid, 10, right - mid, PLOT_H - MARGIN_B - 10, "#fbeeee", "window-after"))
+    span = PLOT_H - MARGIN_B - PLOT_TOP
+    parts.append(_rect(left, PLOT_TOP, mid - left, span, "#eef3f8", "window-before"))
+    parts.append(_rect(mid, PLOT_TOP, right - mid, span, "#fbeeee", "window-after"))
     parts.extend(_log_axis(lo, hi, y))
     parts.extend(_time_axis(jump.starts_ns, x, PLOT_H - MARGIN_B))
     for k, q in enumerate(PLOT_QUANTILES):
@@ -107,15 +113,15 @@ def quantile_plot(jump: JumpExplanation) -> str:
             f'stroke="{color}" stroke-width="1.5" />'
         )
         parts.append(
-            f'<text x="{PLOT_W - 60}" y="{20 + 14 * k}" style="fill:{color}">'
+            f'<text x="{MARGIN_L + 60 * k}" y="14" style="fill:{color}">'
             f"{quantile_name(q).upper()}</text>"
         )
     cx = x(jump.change_index - 0.5)
     parts.append(
-        f'<line data-role="change" data-index="{jump.change_index}" x1="{cx:.1f}" y1="10" '
+        f'<line data-role="change" data-index="{jump.change_index}" x1="{cx:.1f}" y1="{PLOT_TOP}" '
         f'x2="{cx:.1f}" y2="{PLOT_H - MARGIN_B}" stroke="#000" stroke-dasharray="4 3" />'
     )
-    parts.append(f'<text x="{cx + 4:.1f}" y="22">change</text>')
+    parts.append(f'<text x="{cx + 4:.1f}" y="{PLOT_TOP + 12}">change</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -218,7 +224,7 @@ def share_bars(jump: JumpExplanation) -> str:
                 f'<line data-role="ci" x1="{sx(estimate.low):.1f}" y1="{mid}" '
                 f'x2="{sx(estimate.high):.1f}" y2="{mid}" stroke="#000" stroke-width="1.5" />'
             )
-        text = "-" if math.isnan(estimate.value) else f"{estimate.value:.0%}"
+        text = "-" if math.isnan(estimate.value) else f"{estimate.value:.0%}".replace("-0%", "0%")
         parts.append(f'<text x="{PLOT_W - 4}" y="{top + 12}" text-anchor="end">{text}</text>')
     parts.append("</svg>")
     return "\n".join(parts)

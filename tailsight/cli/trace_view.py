@@ -18,10 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
-import numpy as np
-import numpy.typing as npt
-
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     from rich.console import RenderableType
     from rich.table import Table
 
@@ -81,6 +80,7 @@ SeriesKey = tuple[tuple[str, str], ...]
 
 
 def series_key(labels: Mapping[str, str]) -> SeriesKey:
+    """The identity of the series with these labels."""
     return tuple(sorted(labels.items()))
 
 
@@ -272,6 +272,7 @@ def render(
 
 
 def _fit(parts: list[tuple[int, RenderableType]], height: int) -> list[tuple[int, RenderableType]]:
+    """Leave parts out, lowest priority first, until the rest fits ``height`` lines."""
     from rich.console import Console
 
     measure = Console(width=VIEW_WIDTH, file=io.StringIO(), color_system=None)
@@ -431,6 +432,8 @@ def _series_in(document: HistDocument, selection: Selection) -> Histogram | None
 
 def band_counts(intervals: Sequence[HistDocument], selection: Selection) -> npt.NDArray[np.int64]:
     """Counts per HEAT_BOUNDS_NS band (rows, lowest first) and interval (columns), exact."""
+    import numpy as np
+
     matrix = np.zeros((len(HEAT_BOUNDS_NS) + 1, len(intervals)), dtype=np.int64)
     for column, document in enumerate(intervals):
         hist = _series_in(document, selection)
@@ -444,6 +447,8 @@ def heat_bands(
 ) -> list[Band]:
     """The bands from the lowest to the highest non-empty one, adjacent bands merged (still exact
     unions of 5 µs buckets) when there are more than ``max_rows``; lowest band first."""
+    import numpy as np
+
     matrix = band_counts(intervals, selection)
     used = np.flatnonzero(matrix.sum(axis=1))
     if used.size == 0:
