@@ -133,7 +133,8 @@ class JumpExplanation:
                 others = [a for a in others if a.share.value >= 0.05]
                 line = (
                     f"{_pct(first.share)} of the excess run-queue wait of {shown.victim} is time "
-                    f"displaced by {_aggressor(first.aggressor)}{' (new)' if first.new else ''} "
+                    f"displaced by {_aggressor(first.aggressor)}"
+                    f"{', new since the change,' if first.new else ''} "
                     f"({_us(first.wait_before_ns)} -> {_us(first.wait_after_ns)} µs of wait per "
                     f"interval)"
                 )
@@ -274,8 +275,10 @@ def views(
 def _sum(
     leaves: Mapping[LabelKey, npt.NDArray[np.int64]], children: Sequence[LabelKey]
 ) -> npt.NDArray[np.int64]:
-    total = np.zeros_like(leaves[children[0]])
-    for child in children:
+    if len(children) == 1:
+        return leaves[children[0]]  # a leaf: no copy (dense arrays are big)
+    total = leaves[children[0]].copy()
+    for child in children[1:]:
         total += leaves[child]
     return total
 
