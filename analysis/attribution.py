@@ -26,12 +26,12 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.jumps import benjamini_hochberg
 from tailsight.analysis.quantiles import LabelKey
+from tailsight.histfile import HistDocument
 from tailsight.probes.outliers import OUTLIER_EVENTS_SUFFIX
 from tailsight.probes.runqueue import DISPLACED_SWITCHES, DISPLACED_WAIT
-
-from tailsight.histfile import HistDocument
 
 DEFAULT_BOOTSTRAP: Final = 400
 DEFAULT_LEVEL: Final = 0.95

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.gate import GateConfig, Outcome, gate_documents
 from tailsight.analysis.jumps import JumpConfig, benjamini_hochberg, detect_offline
-
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument, Series
 
@@ -209,6 +209,7 @@ def pooled_event_test(
     """Naive gate (a baseline, not used by the gate): pool all events per side, then a one-sided
     two-proportion z-test of exceedances above the pooled baseline's q-quantile bucket edge."""
     from scipy.stats import norm
+
     from tailsight.analysis.jumps import TailThreshold
     from tailsight.analysis.quantiles import dense_counts
 
@@ -342,6 +343,7 @@ def shewhart_alarms(counts: npt.NDArray[np.int64], config: JumpConfig) -> list[i
     """Baseline rule at the same nominal rate: a two-sided z-test of each interval's exceedance
     count against the reference (same threshold and dispersion as the CUSUM, no memory)."""
     from scipy.stats import norm
+
     from tailsight.analysis.jumps import TailThreshold, pearson_dispersion
 
     reference = config.reference_intervals

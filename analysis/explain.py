@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.attribution import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_LEVEL,
@@ -34,11 +35,10 @@ from tailsight.analysis.attribution import (
 )
 from tailsight.analysis.jumps import JumpConfig, OfflineResult, detect_many
 from tailsight.analysis.quantiles import LabelKey, describe, quantile_name, series_arrays
-from tailsight.probes.base import IDLE_CGROUP_NAME
-from tailsight.probes.outliers import short_stack
-
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
+from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.outliers import short_stack
 
 TEXT_WIDTH: Final = 80
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.quantiles import (
     LabelKey,
     RunInputError,
@@ -54,7 +55,6 @@ from tailsight.analysis.quantiles import (
     select_series,
     tail_events,
 )
-
 from tailsight.histfile import HistDocument
 
 JSON_FORMAT: Final = "tailsight.gate/1"

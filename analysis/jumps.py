@@ -47,13 +47,13 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.quantiles import (
     LabelKey,
     histogram_from_dense,
     quantile_name,
     series_arrays,
 )
-
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 

@@ -15,10 +15,10 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.analysis.attribution import Estimate
 from tailsight.analysis.explain import PLOT_QUANTILES, JumpExplanation, Report, view_counts
 from tailsight.analysis.quantiles import quantile_name
-
 from tailsight.hist import BUCKET_WIDTH_NS, LINEAR_BUCKETS
 from tailsight.histfile import HistDocument
 

@@ -37,9 +37,8 @@ class SyntheticProbe:
         pass
 
     def read(self):  # type: ignore[no-untyped-def]
-        from tailsight.probes.base import Snapshot, labels
-
         from tailsight.hist import NUM_BUCKETS
+        from tailsight.probes.base import Snapshot, labels
 
         for cgroup_id, hist in self.state.items():
             # ~40 distinct buckets per interval, mostly below 1 ms, a few in the tail.
@@ -155,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     scrapes = 20 if args.quick else 100
 
     from prometheus_client import CollectorRegistry
+
     from tailsight.collector.agent import Agent
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig

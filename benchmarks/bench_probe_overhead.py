@@ -70,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     from tailsight.probes.features import enable_bpf_stats
     from tailsight.probes.loader import attach_raw_tracepoints, compile_source
     from tailsight.probes.runqueue import RunQueueProbe
-
     from tailsight.workload import default_cpu
 
     empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])

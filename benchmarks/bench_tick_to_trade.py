@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_tick_to_trade: bcc not importable ({error}); skipped")
         return 0
 
+    from tailsight.hist import Histogram
     from tailsight.trading_core.market import write_day
     from tailsight.trading_core.netns import topology, unique_topology
     from tailsight.trading_core.replay import (
@@ -55,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         speed_for_duration,
     )
     from tailsight.trading_core.timing import PUBLISH_LAG, TICK_TO_TRADE, WIRE
-
-    from tailsight.hist import Histogram
 
     paths = ("afxdp", "udp")
     with tempfile.TemporaryDirectory() as scratch:

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tailsight.collector.config import CollectorConfig
-from tailsight.probes.base import Snapshot, labels
-
 from tailsight.histfile import HistDocument
+from tailsight.probes.base import Snapshot, labels
 
 if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver

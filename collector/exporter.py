@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
-from tailsight.collector.config import CollectorConfig
 
+from tailsight.collector.config import CollectorConfig
 from tailsight.hist import LINEAR_LIMIT_NS, TAIL_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 

@@ -8,13 +8,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
+from tailsight.hist import Histogram
 from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.bccprobe import BccProbe
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
-
-from tailsight.hist import Histogram
 
 PROBE_NAME: Final = "netsyscall"
 # Index i of the kernel's netsyscall_dropped_events array (DROP_* in netsyscall.bpf.c).

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
-from tailsight.probes.base import Labels, LabelValue, labels
 
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
+from tailsight.probes.base import Labels, LabelValue, labels
 
 OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
 OUTLIER_DROPPED_SUFFIX: Final = "_outlier_dropped"

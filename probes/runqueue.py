@@ -7,13 +7,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+from tailsight.hist import Histogram
+from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.bccprobe import BccProbe
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
-
-from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument
 
 PROBE_NAME: Final = "runqueue"
 # Index i of the kernel's runqueue_dropped_events array (DROP_* in runqueue.bpf.c).

@@ -20,12 +20,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+from tailsight.hist import Histogram
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
-
-from tailsight.hist import Histogram
 
 PROBE_NAME: Final = "tcpstate"
 MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c

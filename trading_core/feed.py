@@ -142,6 +142,7 @@ class AfXdpPath:
         import ctypes as ct
 
         from bcc import BPF
+
         from tailsight.probes.loader import compile_source
         from tailsight.trading_core.afxdp import XDP_MODE, XskSocket, udp_payload
 

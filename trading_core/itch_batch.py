@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.trading_core import itch
 
 __all__ = [

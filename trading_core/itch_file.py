@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.itch_batch import frame_starts
 

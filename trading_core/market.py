@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
 from tailsight.trading_core.book import Book, Order
 from tailsight.trading_core.itch import (
     AddOrder,

@@ -27,6 +27,8 @@ from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from tailsight.histfile import HistDocument
 from tailsight.trading_core import itch, ouch, soupbintcp
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.moldudp64 import (
@@ -45,8 +47,6 @@ from tailsight.trading_core.timing import (
     StageTimer,
     replay_labels,
 )
-
-from tailsight.histfile import HistDocument
 
 SESSION: Final = "TSREPLAY01"
 _PR_SET_TIMERSLACK: Final = 29

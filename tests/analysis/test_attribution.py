@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binomtest
+
 from tailsight.analysis.attribution import (
     Windows,
     decompose_tail,
@@ -20,7 +21,6 @@ from tailsight.analysis.attribution import (
     stack_shifts,
 )
 from tailsight.analysis.quantiles import label_key
-
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import Counter, HistDocument
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+
 from tailsight.analysis.eval import (
     LatencyModel,
     Rate,
@@ -15,7 +16,6 @@ from tailsight.analysis.eval import (
     jump_calibration,
     simulate_runs,
 )
-
 from tailsight.hist import NUM_BUCKETS, Histogram
 
 MODEL = LatencyModel()

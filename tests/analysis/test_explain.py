@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 import numpy as np
+
 from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
 from tailsight.analysis.report_html import render_html
-
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.report_html import render_html
 from tailsight.collector.store import Recording
-
 from tailsight.workload import Workload, private_base, python_task
 
 CPU = 0

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
+
 from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.analysis.gate import (
     GateConfig,
@@ -20,7 +21,6 @@ from tailsight.analysis.gate import (
     min_runs_for_alpha,
 )
 from tailsight.analysis.quantiles import parse_quantiles, parse_selector, quantile_name
-
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument, Series
 

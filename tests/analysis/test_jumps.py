@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
+
 from tailsight.analysis.eval import IntervalNoise, LatencyModel, fdr_calibration, simulate_intervals
 from tailsight.analysis.jumps import (
     JumpConfig,
@@ -24,7 +25,6 @@ from tailsight.analysis.jumps import (
     monitor_documents,
 )
 from tailsight.analysis.quantiles import histogram_from_dense
-
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument, Series
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
-from tailsight.probes.features import FIX_BPFTOOL, FIX_ROOT
 from typer.testing import CliRunner
 
 from tailsight.cli import main
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.features import FIX_BPFTOOL, FIX_ROOT
 
 FAKE_ROOT = Path(__file__).parents[1] / "fixtures" / "doctor" / "unprivileged"
 

@@ -7,10 +7,10 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tailsight.collector.store import RecordingWriter
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
+from tailsight.collector.store import RecordingWriter
 from tests.analysis.test_explain import INTERVAL_NS, START_NS, incident_documents
 
 

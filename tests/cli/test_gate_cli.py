@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from typer.testing import CliRunner
 
+from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.cli.main import app
 
 runner = CliRunner()

@@ -6,12 +6,12 @@ import json
 import struct
 from pathlib import Path
 
-from tailsight.trading_core import itch
-from tailsight.trading_core.market import generate_day
-from tailsight.trading_core.naive_book import NaiveBook
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
+from tailsight.trading_core import itch
+from tailsight.trading_core.market import generate_day
+from tailsight.trading_core.naive_book import NaiveBook
 
 runner = CliRunner()
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from tailsight.collector.store import Recording, RecordingWriter
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.record import parse_time
+from tailsight.collector.store import Recording, RecordingWriter
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tailsight.collector.endpoint import verify_password
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.serve import parse_listen
+from tailsight.collector.endpoint import verify_password
 
 
 def test_hash_password_prints_a_verifiable_hash() -> None:

@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tailsight.probes.features import find_cgroup2_mount
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
+from tailsight.probes.features import find_cgroup2_mount
 
 pytestmark = pytest.mark.kernel
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tailsight.collector.agent import Agent, as_snapshot
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.store import Recording, RecordingWriter
+from tailsight.hist import Histogram
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.loader import ProbeError
-
-from tailsight.hist import Histogram
 
 
 class FakeProbe:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from tailsight.collector.cgroups import UNKNOWN, CgroupResolver, is_within, normalize
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+
 from tailsight.collector.endpoint import (
     MetricsServer,
     hash_password,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import (
     COARSE_BOUNDS_NS,
@@ -19,7 +20,6 @@ from tailsight.collector.exporter import (
     metric_base,
     window_label,
 )
-
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument, Series
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tailsight.collector.store import (
     RECORD_MAGIC,
     SEGMENT_HEADER,
@@ -21,7 +22,6 @@ from tailsight.collector.store import (
     list_segments,
     scan_segment,
 )
-
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import pytest
-from tailsight.probes.base import Snapshot, labels
 
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
+from tailsight.probes.base import Snapshot, labels
 
 WAIT = "runqueue_displaced_wait_ns"
 DROPPED = "runqueue_dropped_events"

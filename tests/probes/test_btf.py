@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tailsight.probes.btf import DEFAULT_BTF_PATH, Btf, BtfError
 
 # -- hand-written fixture: tests/fixtures/btf/small.json ------------------------------------

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from tailsight.probes import features
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import (

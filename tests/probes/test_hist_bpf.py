@@ -24,6 +24,7 @@ EDGE_CGROUP, RANDOM_CGROUP, HUGE_CGROUP = 11, 22, 33
 @pytest.fixture(scope="module")
 def harness(kernel_ready: None) -> Any:
     from bcc import BPF
+
     from tailsight.probes.loader import PROBES_DIR, compile_source
 
     bpf = compile_source(HARNESS, [f"-I{PROBES_DIR / 'include'}"])

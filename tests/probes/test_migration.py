@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.catalog import create_probe
 from tailsight.probes.migration import (
@@ -23,7 +24,6 @@ from tailsight.probes.migration import (
 )
 from tailsight.probes.offsets import OffsetCheckError
 from tailsight.probes.topology import CpuTopology
-
 from tailsight.workload import Workload, private_base, python_task
 
 FLIPS = 23  # prime: a stray or missing migration cannot hide in a round number

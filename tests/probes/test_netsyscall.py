@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.netsyscall import (
     DROP_REASONS,
@@ -24,7 +25,6 @@ from tailsight.probes.syscalls import (
     net_syscall_numbers,
     syscall_nr_field,
 )
-
 from tailsight.workload import Workload, private_base, python_task
 
 ROUND_TRIPS = 101  # prime: a sendto and a recvfrom each

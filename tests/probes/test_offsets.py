@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tailsight.probes.btf import Btf
 from tailsight.probes.features import find_cgroup2_mount
 from tailsight.probes.offsets import (

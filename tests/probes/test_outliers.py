@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tailsight.hist import Histogram, bucket_index
+from tailsight.histfile import Counter, HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     LOST_STACK,
@@ -28,9 +31,6 @@ from tailsight.probes.outliers import (
     short_stack,
     top_outlier_stacks,
 )
-
-from tailsight.hist import Histogram, bucket_index
-from tailsight.histfile import Counter, HistDocument
 from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
 
 FLOOR_NS = 1_000_000

@@ -10,6 +10,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+from tailsight.hist import Histogram, bucket_upper_bounds_ns
+from tailsight.histfile import Counter, HistDocument
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.runqueue import (
     DISPLACED_SWITCHES,
@@ -19,9 +22,6 @@ from tailsight.probes.runqueue import (
     expected_tracepoint_args,
     top_pairs,
 )
-
-from tailsight.hist import Histogram, bucket_upper_bounds_ns
-from tailsight.histfile import Counter, HistDocument
 from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
 
 WINDOW_S = 3.0

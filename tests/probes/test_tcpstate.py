@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from netns_helpers import veth_pair
+from probe_netns import veth_pair
+
+from tailsight.hist import Histogram, bucket_index
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.catalog import create_probe
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, resolve_offsets
@@ -27,8 +29,6 @@ from tailsight.probes.tcpstate import (
     series_labels,
     state_name,
 )
-
-from tailsight.hist import Histogram, bucket_index
 from tailsight.workload import Task, Workload, private_base, python_task
 
 CONNECTS = 31  # prime: a stray or missing event cannot hide in a round number

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tailsight.probes.topology import CpuTopology, TopologyError, parse_cpulist
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from hypothesis import strategies as st
+
 from tailsight.trading_core import itch
 
 _TOKEN = re.compile(r"(\d*)([cHIQs])")

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from tailsight.trading_core.afxdp import XDP_MODE, udp_payload
 from tailsight.trading_core.feed import AfXdpPath
 from tailsight.trading_core.netns import Topology, in_netns, topology, unique_topology

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, BookInvariantError, LevelView, TopOfBook
 from tailsight.trading_core.naive_book import NaiveBook

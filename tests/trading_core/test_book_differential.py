@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, Depth, TradeEvent
 from tailsight.trading_core.itch_batch import decode_batch

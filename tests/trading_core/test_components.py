@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from netns_helpers import topo_fixture  # noqa: F401
+from trading_netns import topo_fixture  # noqa: F401
+
 from tailsight.probes.features import find_cgroup2_mount
 from tailsight.trading_core.components import LiveConfig, LiveSystem
 from tailsight.trading_core.netns import NETNS_DIR, Topology

@@ -9,7 +9,8 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from netns_helpers import FeedListener, drop_every_nth, dropped_packets, topo_fixture  # noqa: F401
+from trading_netns import FeedListener, drop_every_nth, dropped_packets, topo_fixture  # noqa: F401
+
 from tailsight.trading_core import itch, ouch
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.exchange import CLIENT_REF_BASE, Exchange, directory_messages

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from feed_helpers import book_state, reference_book
+
 from tailsight.trading_core.feed import FeedHandler, UdpPath
 from tailsight.trading_core.itch_file import iter_itch
 from tailsight.trading_core.market import write_day

@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from netns_helpers import topo_fixture  # noqa: F401
+from trading_netns import topo_fixture  # noqa: F401
+
 from tailsight.trading_core import ouch
 from tailsight.trading_core import soupbintcp as soup
 from tailsight.trading_core.exchange import (

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from itch_strategies import any_record
-from tailsight.trading_core import itch
 from vectors import ITCH_SPEC_LENGTHS, ITCH_VECTORS
+
+from tailsight.trading_core import itch
 
 ALL_TYPES = sorted(ITCH_SPEC_LENGTHS)
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from itch_strategies import any_record, framed
-from tailsight.trading_core import itch, itch_batch
 from vectors import ITCH_SPEC_LENGTHS, ITCH_VECTORS
+
+from tailsight.trading_core import itch, itch_batch
 
 
 def _row_as_record(row: np.void, type_byte: bytes) -> itch.Message:

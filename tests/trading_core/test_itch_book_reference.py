@@ -17,6 +17,7 @@ from typing import Any
 import itch_book
 import numpy as np
 import pytest
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.itch_file import write_itch

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from itch_strategies import any_record, framed
+from vectors import ITCH_VECTORS
+
 from tailsight.trading_core import itch, itch_batch
 from tailsight.trading_core.itch_file import (
     FramingReport,
@@ -23,7 +25,6 @@ from tailsight.trading_core.itch_file import (
     write_itch,
 )
 from tailsight.trading_core.market import generate_day
-from vectors import ITCH_VECTORS
 
 RECORDS = [r for _, r in ITCH_VECTORS]
 _SPEC_LENGTHS = {t[0]: n for t, n in itch.MESSAGE_LENGTHS.items()}

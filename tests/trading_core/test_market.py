@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.itch_file import FramingReport, iter_itch
 from tailsight.trading_core.market import (

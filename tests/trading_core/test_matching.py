@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tailsight.trading_core.matching import BUY, SELL, MatchingEngine
 
 

@@ -7,6 +7,15 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vectors import (
+    ITCH_ORDER_DELETE,
+    ITCH_SYSTEM_EVENT,
+    MOLD_END_OF_SESSION,
+    MOLD_HEARTBEAT,
+    MOLD_PACKET_TWO_MESSAGES,
+    MOLD_REQUEST,
+)
+
 from tailsight.trading_core.moldudp64 import (
     HEADER_LENGTH,
     MoldDecodeError,
@@ -18,14 +27,6 @@ from tailsight.trading_core.moldudp64 import (
     encode_packet,
     encode_request,
     pack_messages,
-)
-from vectors import (
-    ITCH_ORDER_DELETE,
-    ITCH_SYSTEM_EVENT,
-    MOLD_END_OF_SESSION,
-    MOLD_HEARTBEAT,
-    MOLD_PACKET_TWO_MESSAGES,
-    MOLD_REQUEST,
 )
 
 SPEC_VECTORS = [

@@ -9,7 +9,8 @@ import subprocess
 import threading
 
 import pytest
-from netns_helpers import require_netns, topo_fixture, udp_socket  # noqa: F401
+from trading_netns import require_netns, topo_fixture, udp_socket  # noqa: F401
+
 from tailsight.trading_core import netns
 from tailsight.trading_core.netns import Topology
 

@@ -8,9 +8,6 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tailsight.trading_core import ouch
-from tailsight.trading_core import soupbintcp as soup
-from tailsight.trading_core.ouch import OptionTag, TagValue
 from vectors import (
     OUCH_ACCOUNT_QUERY_REQUEST,
     OUCH_CANCEL_ORDER,
@@ -25,6 +22,10 @@ from vectors import (
     OUCH_REPLACE_ORDER,
     OUCH_SYSTEM_EVENT,
 )
+
+from tailsight.trading_core import ouch
+from tailsight.trading_core import soupbintcp as soup
+from tailsight.trading_core.ouch import OptionTag, TagValue
 
 T = 34_200_000_012_345
 GSCO = TagValue(OptionTag.FIRM, "GSCO")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from netns_helpers import FeedListener, drop_every_nth, topo_fixture  # noqa: F401
+from trading_netns import FeedListener, drop_every_nth, topo_fixture  # noqa: F401
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.exchange import Exchange

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from feed_helpers import book_state, reference_book
+from typer.testing import CliRunner
+
+from tailsight.histfile import HistDocument
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.market import write_day
 from tailsight.trading_core.netns import Topology, topology, unique_topology
@@ -24,9 +27,6 @@ from tailsight.trading_core.replay import (
     speed_for_duration,
 )
 from tailsight.trading_core.timing import PUBLISH_LAG, STAGES, TICK_TO_TRADE, WIRE
-from typer.testing import CliRunner
-
-from tailsight.histfile import HistDocument
 
 MESSAGES = 2003
 RUN_SECONDS = 1.5

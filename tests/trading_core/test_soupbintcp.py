@@ -7,7 +7,6 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tailsight.trading_core import soupbintcp as soup
 from vectors import (
     SOUP_CLIENT_HEARTBEAT,
     SOUP_DEBUG,
@@ -20,6 +19,8 @@ from vectors import (
     SOUP_SERVER_HEARTBEAT,
     SOUP_UNSEQUENCED_DATA,
 )
+
+from tailsight.trading_core import soupbintcp as soup
 
 SPEC_VECTORS: list[tuple[bytes, soup.Packet]] = [
     (SOUP_LOGIN_REQUEST, soup.LoginRequest("trader", "s3cret", "", 1)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tailsight.trading_core import ouch
 from tailsight.trading_core.book import TopOfBook
 from tailsight.trading_core.strategy import (

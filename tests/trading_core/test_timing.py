@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tailsight.hist import Histogram
+from tailsight.histfile import HistDocument
 from tailsight.trading_core.timing import (
     ACK,
     PUBLISH_LAG,
@@ -17,9 +20,6 @@ from tailsight.trading_core.timing import (
     StageTimer,
     replay_labels,
 )
-
-from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument
 
 
 def _reference(intended: list[int], rows: list[list[int]]) -> dict[str, list[int]]:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from tailsight.trading_core.netns import Topology, in_netns, topology, unique_topology
 
 _counter = itertools.count()
