@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Depth, LevelView, TopOfBook, TradeEvent
 
@@ -551,16 +552,33 @@ def _run_arrays(
                 columns[4][k],
             )
             cursors[0 if kind == 65 else 1] = k + 1
-        elif kind == 68:  # D
-            k = cursors[5]
+        elif kind == 68 or kind == 88:  # D, X (one inlined call site, see _run_buffer)
+            if kind == 68:
+                k = cursors[5]
+                ref, shares = deletes[k], -1
+                cursors[5] = k + 1
+            else:
+                k = cursors[4]
+                ref, shares = cancels[0][k], cancels[1][k]
+                cursors[4] = k + 1
             locate = _cancel(
-                meta, table, orders, order_free, sides, pool, levels, level_free, deletes[k], -1
+                meta, table, orders, order_free, sides, pool, levels, level_free, ref, shares
             )
-            cursors[5] = k + 1
-        elif kind == 69:  # E
-            k = cursors[2]
-            ts = executes[2][k] if record_trades else 0
-            match = executes[3][k] if record_trades else 0
+        elif kind == 69 or kind == 67:  # E, C
+            if kind == 69:
+                k = cursors[2]
+                ref, shares, price, printable = executes[0][k], executes[1][k], -1, 1
+                ts = executes[2][k] if record_trades else 0
+                match = executes[3][k] if record_trades else 0
+                cursors[2] = k + 1
+            else:
+                k = cursors[3]
+                c = executes_priced
+                ref, shares, price = c[0][k], c[1][k], c[5][k]
+                printable = 1 if c[4][k] == _Y else 0
+                ts = c[2][k] if record_trades else 0
+                match = c[3][k] if record_trades else 0
+                cursors[3] = k + 1
             locate = _execute(
                 meta,
                 table,
@@ -571,29 +589,13 @@ def _run_arrays(
                 levels,
                 level_free,
                 trades,
-                executes[0][k],
-                executes[1][k],
-                -1,
+                ref,
+                shares,
+                price,
                 ts,
                 match,
-                1,
+                printable,
             )
-            cursors[2] = k + 1
-        elif kind == 88:  # X
-            k = cursors[4]
-            locate = _cancel(
-                meta,
-                table,
-                orders,
-                order_free,
-                sides,
-                pool,
-                levels,
-                level_free,
-                cancels[0][k],
-                cancels[1][k],
-            )
-            cursors[4] = k + 1
         elif kind == 85:  # U
             if not _room(meta, table, order_free, level_free, pool):
                 return index, GROW
@@ -613,30 +615,6 @@ def _run_arrays(
                 replaces[3][k],
             )
             cursors[6] = k + 1
-        elif kind == 67:  # C
-            k = cursors[3]
-            c = executes_priced
-            ts = c[2][k] if record_trades else 0
-            match = c[3][k] if record_trades else 0
-            printable = 1 if c[4][k] == _Y else 0
-            locate = _execute(
-                meta,
-                table,
-                orders,
-                order_free,
-                sides,
-                pool,
-                levels,
-                level_free,
-                trades,
-                c[0][k],
-                c[1][k],
-                c[5][k],
-                ts,
-                match,
-                printable,
-            )
-            cursors[3] = k + 1
         elif kind == 80:  # P: a non-displayed order traded, the book is untouched
             k = cursors[7]
             ts = hidden[3][k] if record_trades else 0
@@ -745,7 +723,8 @@ def _run_buffer(
                 _be(buf, m + 32, 4),
                 _be(buf, m + 20, 4),
             )
-        elif kind == 68:  # D: ref 11
+        elif kind == 68 or kind == 88:  # D: ref 11; X: ref 11, cancelled 19
+            # One call site per helper: each is inlined, so fewer sites compile faster.
             locate = _cancel(
                 meta,
                 table,
@@ -756,10 +735,10 @@ def _run_buffer(
                 levels,
                 level_free,
                 _be(buf, m + 11, 8),
-                -1,
+                _be(buf, m + 19, 4) if kind == 88 else -1,
             )
-        elif kind == 69:  # E: ref 11, shares 19, match 23
-            ts = _be(buf, m + 5, 6) if record_trades else 0
+        elif kind == 69 or kind == 67:  # E and C: ref 11, shares 19, match 23 (C: see below)
+            priced = kind == 67  # C: printable 31, price 32
             locate = _execute(
                 meta,
                 table,
@@ -772,23 +751,10 @@ def _run_buffer(
                 trades,
                 _be(buf, m + 11, 8),
                 _be(buf, m + 19, 4),
-                -1,
-                ts,
+                _be(buf, m + 32, 4) if priced else -1,
+                _be(buf, m + 5, 6) if record_trades else 0,
                 _be(buf, m + 23, 8),
-                1,
-            )
-        elif kind == 88:  # X: ref 11, cancelled 19
-            locate = _cancel(
-                meta,
-                table,
-                orders,
-                order_free,
-                sides,
-                pool,
-                levels,
-                level_free,
-                _be(buf, m + 11, 8),
-                _be(buf, m + 19, 4),
+                0 if priced and buf[m + 31] != _Y else 1,
             )
         elif kind == 85:  # U: original 11, new 19, shares 27, price 31
             if not _room(meta, table, order_free, level_free, pool):
@@ -806,25 +772,6 @@ def _run_buffer(
                 _be(buf, m + 19, 8),
                 _be(buf, m + 31, 4),
                 _be(buf, m + 27, 4),
-            )
-        elif kind == 67:  # C: ref 11, shares 19, match 23, printable 31, price 32
-            ts = _be(buf, m + 5, 6) if record_trades else 0
-            locate = _execute(
-                meta,
-                table,
-                orders,
-                order_free,
-                sides,
-                pool,
-                levels,
-                level_free,
-                trades,
-                _be(buf, m + 11, 8),
-                _be(buf, m + 19, 4),
-                _be(buf, m + 32, 4),
-                ts,
-                _be(buf, m + 23, 8),
-                1 if buf[m + 31] == _Y else 0,
             )
         elif kind == 80:  # P: shares 20, price 32, match 36
             ts = _be(buf, m + 5, 6) if record_trades else 0
@@ -892,6 +839,7 @@ class FastBook:
 
     ``record_bbo=True`` keeps every top-of-book change (``bbo_changes()``, itch-book's ``bbo``
     table); ``on_trade`` callbacks get the same ``TradeEvent``s as ``Book.apply_batch``'s.
+    ``orders`` and ``levels`` are only starting capacities: everything doubles on demand.
     """
 
     def __init__(

@@ -97,11 +97,12 @@ def test_explain_names_victim_cause_and_aggressor(kernel_ready: None, tmp_path: 
     shown = {a.aggressor: a for a in jump.displacement.aggressors}
     assert hog in shown, text
     caused = shown[hog]
-    assert caused.new and caused.share.low > 0, text
+    # "new" is too strict: the before window may reach the first interval of the fault.
+    assert caused.wait_after_ns >= 10 * caused.wait_before_ns and caused.share.low > 0, text
     assert caused.share_of_wait_after > 0.1, text
     # The hog ranks first on a quiet machine. The probe charges each wait to the task that ran
     # just before the victim, and on a busy one a brief background task (cgroup /) often runs
-    # between the hog and the victim: then / may rank first, with the hog next and new.
+    # between the hog and the victim: then / may rank first, with the hog next.
     first = jump.displacement.aggressors[0].aggressor
     assert first == hog or (first == "/" and jump.displacement.aggressors[1].aggressor == hog), text
     words = " ".join(text.split())
