@@ -10,7 +10,7 @@ from typing import Final
 
 from tailsight.hist import Histogram
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe
+from tailsight.probes.bccprobe import BccProbe, read_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
@@ -72,17 +72,12 @@ class NetSyscallProbe(BccProbe):
         """Cumulative latency per (cgroup, syscall), errors per errno, drops, outlier stacks."""
         bpf = self._require_bpf()
         taken_ns = time.time_ns()
-        latency: dict[tuple[int, int], Histogram] = {}
-        for cell, count in bpf[b"netsyscall_latency_hist"].items():
-            hist = latency.get((cell.cgroup_id, cell.nr))
-            if hist is None:
-                hist = latency[(cell.cgroup_id, cell.nr)] = Histogram.empty()
-            hist.add_bucket(cell.bucket, count.value)
-        for series, totals in bpf[b"netsyscall_latency_totals"].items():
-            hist = latency.get((series.cgroup_id, series.nr))
-            if hist is None:
-                hist = latency[(series.cgroup_id, series.nr)] = Histogram.empty()
-            hist.sum_ns = totals.sum_ns
+        latency = read_histograms(
+            bpf[b"netsyscall_latency_hist"],
+            bpf[b"netsyscall_latency_totals"],
+            lambda cell: (int(cell.cgroup_id), int(cell.nr)),
+            lambda series: (int(series.cgroup_id), int(series.nr)),
+        )
         counters: dict[tuple[str, Labels], int] = {}
         for error, count in bpf[b"netsyscall_errors"].items():
             key = labels(

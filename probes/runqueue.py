@@ -7,10 +7,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe
+from tailsight.probes.bccprobe import BccProbe, read_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 
@@ -47,17 +46,12 @@ class RunQueueProbe(BccProbe):
         outlier stacks."""
         bpf = self._require_bpf()
         taken_ns = time.time_ns()
-        wait: dict[int, Histogram] = {}
-        for key, value in bpf[b"runqueue_wait_hist"].items():
-            hist = wait.get(key.cgroup_id)
-            if hist is None:
-                hist = wait[key.cgroup_id] = Histogram.empty()
-            hist.add_bucket(key.bucket, value.value)
-        for key, totals in bpf[b"runqueue_wait_totals"].items():
-            hist = wait.get(key.value)
-            if hist is None:
-                hist = wait[key.value] = Histogram.empty()
-            hist.sum_ns = totals.sum_ns
+        wait = read_histograms(
+            bpf[b"runqueue_wait_hist"],
+            bpf[b"runqueue_wait_totals"],
+            lambda cell: int(cell.cgroup_id),
+            lambda cgroup_id: int(cgroup_id.value),
+        )
         counters: dict[tuple[str, Labels], int] = {}
         for pair, pair_wait in bpf[b"runqueue_displaced_wait"].items():
             key = labels(victim=pair.victim_cgroup_id, aggressor=pair.aggressor_cgroup_id)

@@ -20,8 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from tailsight.hist import Histogram
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
+from tailsight.probes.bccprobe import read_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
@@ -173,19 +173,12 @@ class TcpStateProbe:
                 port,
             )
 
-        histograms: dict[Labels, Histogram] = {}
-        for cell, count in bpf[b"tcpstate_hist"].items():
-            key = key_of(cell.series)
-            hist = histograms.get(key)
-            if hist is None:
-                hist = histograms[key] = Histogram.empty()
-            hist.add_bucket(int(cell.bucket), int(count.value))
-        for series, totals in bpf[b"tcpstate_totals"].items():
-            key = key_of(series)
-            hist = histograms.get(key)
-            if hist is None:
-                hist = histograms[key] = Histogram.empty()
-            hist.sum_ns = int(totals.sum_ns)
+        histograms = read_histograms(
+            bpf[b"tcpstate_hist"],
+            bpf[b"tcpstate_totals"],
+            lambda cell: key_of(cell.series),
+            key_of,
+        )
         counters: dict[tuple[str, Labels], int] = {}
         for name, table in (
             (RETRANSMITS, b"tcpstate_retransmits"),
