@@ -13,16 +13,13 @@ from typing import Annotated
 
 import typer
 
+from tailsight.cli.record import SinceOption, UntilOption
+
 
 def explain(
     recording: Annotated[Path, typer.Argument(help="Recording directory (tailsight record).")],
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
-    ] = None,
-    until: Annotated[
-        str | None, typer.Option("--until", help="End, same forms as --since.")
-    ] = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     series: Annotated[
         str | None,
         typer.Option("--series", help="Only series with these labels, e.g. probe=runqueue."),

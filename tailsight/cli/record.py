@@ -24,6 +24,14 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNIT_S: Final = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+# Time range options of the commands that read recordings (show, explain); see parse_time.
+SinceOption = Annotated[
+    str | None,
+    typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
+]
+UntilOption = Annotated[str | None, typer.Option("--until", help="End, same forms as --since.")]
+
+
 def record(
     directory: Annotated[Path, typer.Argument(help="Recording directory (created; appended to).")],
     duration: Annotated[
@@ -209,13 +217,8 @@ def render(summary: dict[str, Any]) -> None:
 def show(
     directory: Annotated[Path, typer.Argument(help="Recording directory.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON, no table.")] = False,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
-    ] = None,
-    until: Annotated[
-        str | None, typer.Option("--until", help="End, same forms as --since.")
-    ] = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
 ) -> None:
     """Summarize a recording: quantiles over time per probe and cgroup."""
     from tailsight.collector.store import Recording
