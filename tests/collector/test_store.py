@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -85,8 +86,8 @@ def test_torn_tail_keeps_every_complete_record(tmp_path: Path, cut: int) -> None
     records = [encode_record(d) for d in docs]
     full = SEGMENT_HEADER + b"".join(records)
     cut %= len(full) + 1
-    directory = tmp_path / f"cut{cut}"
-    directory.mkdir()
+    # The fixture's tmp_path is shared by every example, and two may reduce to the same cut.
+    directory = Path(tempfile.mkdtemp(prefix=f"cut{cut}-", dir=tmp_path))
     (directory / "00000000000000000001-0000.tsrec").write_bytes(full[:cut])
     ends = np.cumsum([len(SEGMENT_HEADER), *map(len, records)])[1:]
     complete = int((ends <= cut).sum())
