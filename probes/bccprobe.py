@@ -38,6 +38,18 @@ def read_histograms(
     return histograms
 
 
+def hash_map_fill(bpf: Any) -> dict[str, float]:
+    """Entries / max entries of each plain hash map the probe has opened (an LRU map evicts
+    instead of filling up, so it is left out); counting walks the keys."""
+    from bcc.table import BPF_MAP_TYPE_HASH
+
+    return {
+        (name.decode() if isinstance(name, bytes) else str(name)): len(table) / table.max_entries
+        for name, table in bpf.tables.items()
+        if table.ttype == BPF_MAP_TYPE_HASH and table.max_entries
+    }
+
+
 class BccProbe:
     """Base of a probe ``probes/<name>.bpf.c`` whose programs are ``on_<tracepoint>``.
 
@@ -123,6 +135,10 @@ class BccProbe:
         """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""
         bpf = self._require_bpf()
         return {tp: bpf.funcs[f"on_{tp}".encode()].fd for tp in self.tracepoints}
+
+    def map_fill(self) -> dict[str, float]:
+        """Fill ratio per hash map (a full map drops events: see the drop counters)."""
+        return hash_map_fill(self._require_bpf())
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.bccprobe import hash_map_fill
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
@@ -191,6 +192,12 @@ class MigrationProbe:
         if self._bpf is None:
             raise RuntimeError("probe not attached")
         return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in self.tracepoints}
+
+    def map_fill(self) -> dict[str, float]:
+        """Fill ratio per hash map (a full map drops events: see the drop counters)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        return hash_map_fill(self._bpf)
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
-from tailsight.probes.bccprobe import read_histograms
+from tailsight.probes.bccprobe import hash_map_fill, read_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
@@ -196,6 +196,12 @@ class TcpStateProbe:
         if self._bpf is None:
             raise RuntimeError("probe not attached")
         return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in PROBE_TRACEPOINTS[PROBE_NAME]}
+
+    def map_fill(self) -> dict[str, float]:
+        """Fill ratio per hash map (a full map drops events: see the drop counters)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        return hash_map_fill(self._bpf)
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""
