@@ -50,6 +50,15 @@ def hash_map_fill(bpf: Any) -> dict[str, float]:
     }
 
 
+def sync_cgroup_allow(table: Any, wanted: set[int]) -> None:
+    """Make a probe's ``<name>_cgroup_allow`` hash hold exactly the ``wanted`` cgroup ids."""
+    present = {key.value for key in table}
+    for cgroup_id in present - wanted:
+        del table[table.Key(cgroup_id)]
+    for cgroup_id in wanted - present:
+        table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+
+
 class BccProbe:
     """Base of a probe ``probes/<name>.bpf.c`` whose programs are ``on_<tracepoint>``.
 
@@ -116,12 +125,7 @@ class BccProbe:
 
     def _sync_filter(self) -> None:
         assert self._filter is not None
-        table = self._bpf[f"{self.name}_cgroup_allow".encode()]
-        present = {k.value for k in table}
-        for cgroup_id in present - self._filter:
-            del table[table.Key(cgroup_id)]
-        for cgroup_id in self._filter - present:
-            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+        sync_cgroup_allow(self._bpf[f"{self.name}_cgroup_allow".encode()], self._filter)
 
     def _require_bpf(self) -> Any:
         if self._bpf is None:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import hash_map_fill
+from tailsight.probes.bccprobe import hash_map_fill, sync_cgroup_allow
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
@@ -163,13 +163,8 @@ class MigrationProbe:
             self._sync_filter()
 
     def _sync_filter(self) -> None:
-        table = self._bpf[b"migration_cgroup_allow"]
         wanted = set() if self._filter is None else self._filter
-        present = {k.value for k in table}
-        for cgroup_id in present - wanted:
-            del table[table.Key(cgroup_id)]
-        for cgroup_id in wanted - present:
-            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+        sync_cgroup_allow(self._bpf[b"migration_cgroup_allow"], wanted)
         _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
 
     def read(self) -> Snapshot:

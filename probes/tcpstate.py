@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
-from tailsight.probes.bccprobe import hash_map_fill, read_histograms
+from tailsight.probes.bccprobe import hash_map_fill, read_histograms, sync_cgroup_allow
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
@@ -146,13 +146,8 @@ class TcpStateProbe:
             self._sync_filter()
 
     def _sync_filter(self) -> None:
-        table = self._bpf[b"tcpstate_cgroup_allow"]
         wanted = set() if self._filter is None else self._filter
-        present = {k.value for k in table}
-        for cgroup_id in present - wanted:
-            del table[table.Key(cgroup_id)]
-        for cgroup_id in wanted - present:
-            table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
+        sync_cgroup_allow(self._bpf[b"tcpstate_cgroup_allow"], wanted)
         _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
 
     def read(self) -> Snapshot:
