@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeAlias
@@ -35,6 +35,7 @@ from tailsight.trading_core import itch, ouch
 from tailsight.trading_core import soupbintcp as soup
 from tailsight.trading_core.matching import BUY, SELL, Fill, MatchingEngine
 from tailsight.trading_core.moldudp64 import (
+    END_OF_SESSION_COUNT,
     MAX_MESSAGES_PER_PACKET,
     MoldPacket,
     decode_request,
@@ -130,6 +131,8 @@ class ExchangeStats:
     login_rejects: int = 0
     heartbeat_timeouts: int = 0
     undecodable: int = 0  # replayed messages passed on without being understood
+    dropped_packets: int = 0  # feed packets with messages refused by the kernel (EPERM: a firewall)
+    dropped_messages: int = 0  # the messages those packets carried
 
 
 @dataclass
@@ -204,6 +207,8 @@ class Exchange:
     the book holds client orders alone. ``speed`` paces the replay at file time / speed; None
     sends as fast as ``max_packets_per_s`` allows. Without ``start()``, ``step_market`` and
     ``handle`` run it offline: the same rules, published messages stored but not sent.
+    ``on_sent(first_sequence, count, stamp_ns)`` sees each first transmission of messages, stamped
+    (perf_counter_ns) just before ``sendto``, so a paced replay can time its own publisher.
     """
 
     def __init__(
@@ -221,6 +226,7 @@ class Exchange:
         max_payload: int = 1400,
         end_session_when_done: bool = True,
         autostart_market: bool = True,
+        on_sent: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.topo = topo
         self.session = session.decode("ascii") if isinstance(session, bytes) else session
@@ -235,6 +241,8 @@ class Exchange:
         self.max_payload = max_payload
         self.end_session_when_done = end_session_when_done
         self.autostart_market = autostart_market
+        self.on_sent = on_sent
+        self._market_start_ns: int | None = None
         self.stats = ExchangeStats()
         # Match numbers are day-unique in ITCH: ours start above any a replayed day uses.
         self.engine = MatchingEngine(first_match_number=CLIENT_REF_BASE)
@@ -292,8 +300,13 @@ class Exchange:
             self._market_go.set()
         return self
 
-    def start_market(self) -> None:
-        """Begin the replay (when constructed with ``autostart_market=False``)."""
+    def start_market(self, start_ns: int | None = None) -> None:
+        """Begin the replay (when constructed with ``autostart_market=False``).
+
+        ``start_ns`` (perf_counter_ns, may lie ahead) anchors the pacing: message ``i`` is due
+        at ``start_ns + round((max(ts_0..ts_i) - ts_0) / speed)``, which callers can compute too.
+        """
+        self._market_start_ns = start_ns
         self._market_go.set()
 
     def wait_market_done(self, timeout_s: float | None = None) -> bool:
@@ -375,9 +388,17 @@ class Exchange:
     def _send_packet(self, packet: bytes) -> None:
         if self._feed is None:
             return  # not started: an offline simulation (``step_market``/``handle``) only stores
-        # ENOBUFS/ECONNREFUSED on a datagram: the receiver recovers it by re-request.
-        with contextlib.suppress(OSError):
+        count = int.from_bytes(packet[18:20], "big")  # MoldUDP64 header: message count
+        if self.on_sent is not None and 0 < count != END_OF_SESSION_COUNT:
+            # Stamped before sendto(): on a veth the receiver may run inside that call.
+            self.on_sent(int.from_bytes(packet[10:18], "big"), count, time.perf_counter_ns())
+        try:
             self._feed.sendto(packet, (self.topo.trading_ip, self.topo.feed_port))
+        except PermissionError:  # an nftables drop on the output hook: ground truth for loss tests
+            self.stats.dropped_packets += 1
+            self.stats.dropped_messages += count if count != END_OF_SESSION_COUNT else 0
+        except OSError:
+            pass  # ENOBUFS/ECONNREFUSED on a datagram: the receiver recovers it by re-request
         self.stats.packets += 1
         self._last_packet = time.monotonic()
 
@@ -453,8 +474,11 @@ class Exchange:
         self._market_go.wait()
         if self._stop.is_set():
             return
-        start_wall = time.monotonic()
+        start_ns = self._market_start_ns
+        if start_ns is None:
+            start_ns = time.perf_counter_ns()
         first_ts: int | None = None
+        offset_ns = 0
         min_gap_s = 1.0 / self.max_packets_per_s if self.max_packets_per_s else 0.0
         batch: list[bytes] = []
         batch_bytes = 20
@@ -486,11 +510,15 @@ class Exchange:
                 timestamp_ns = int.from_bytes(raw[5:11], "big")
                 if first_ts is None:
                     first_ts = timestamp_ns
-                due = start_wall + (timestamp_ns - first_ts) / 1e9 / self.speed
-                if due > time.monotonic():
+                # Sent in sequence order: a timestamp that steps back is due with its predecessor.
+                offset_ns = max(offset_ns, timestamp_ns - first_ts)
+                due_ns = start_ns + round(offset_ns / self.speed)
+                if due_ns > time.perf_counter_ns():
                     flush()
-                    if self._stop.wait(max(0.0, due - time.monotonic())):
-                        return
+                    # Loop: never publish before the due time, which replay measures from.
+                    while (wait_ns := due_ns - time.perf_counter_ns()) > 0:
+                        if self._stop.wait(wait_ns / 1e9):
+                            return
             # One batch per packet: applying it publishes about one packet.
             if batch_bytes + 2 + len(raw) > self.max_payload:
                 flush()

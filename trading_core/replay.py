@@ -1,27 +1,27 @@
 """Tick replay: an ITCH file driven open loop through exchange -> feed -> book -> decision -> order.
 
-A forked exchange process (in the exchange namespace) publishes the file as MoldUDP64 at the file's
-own pace divided by ``speed``: message ``i`` is due at ``t0 + (ts_i - ts_0) / speed`` and goes out
-in the first packet sent at or after that instant, however late. The trading side measures every
-tick from that *intended* time, so when the pipeline (or the publisher) stalls the backlog shows up
-as latency instead of silently delaying later ticks (no coordinated omission). The exchange also
-answers re-requests and acknowledges orders (OUCH 5.0 over SoupBinTCP 4.1) on the same veth.
+The project's ``Exchange``, forked into its own process (sockets in the exchange namespace),
+publishes the file as MoldUDP64 at the file's own pace divided by ``speed``: message ``i`` is due
+at ``t0 + round((max(ts_0..ts_i) - ts_0) / speed)`` and goes out in the first packet sent at or
+after that instant, however late. Both sides compute that schedule from the same ``t0``; the
+trading side measures every tick from its *intended* time, so when the pipeline (or the publisher)
+stalls the backlog shows up as latency instead of silently delaying later ticks (no coordinated
+omission). The same exchange answers re-requests and matches our OUCH orders.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import ctypes
+import math
 import os
 import pickle
-import select
 import socket
 import struct
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,12 +31,8 @@ import numpy.typing as npt
 from tailsight.histfile import HistDocument
 from tailsight.trading_core import itch, ouch, soupbintcp
 from tailsight.trading_core.book import Book, TradeEvent
-from tailsight.trading_core.moldudp64 import (
-    MoldPacket,
-    decode_request,
-    encode_packet,
-    pack_messages,
-)
+from tailsight.trading_core.exchange import Exchange
+from tailsight.trading_core.gateway import IOC
 from tailsight.trading_core.netns import Topology, in_netns
 from tailsight.trading_core.timing import (
     ACK,
@@ -49,9 +45,12 @@ from tailsight.trading_core.timing import (
 )
 
 SESSION: Final = "TSREPLAY01"
+ORDER_USER: Final = "replay"  # the exchange account the replay trades on
+ORDER_PASSWORD: Final = "replay"
 _PR_SET_TIMERSLACK: Final = 29
-_EOS_REPEAT_NS: Final = 20_000_000  # end of session is re-sent until the feed side is done
-_HEARTBEAT_NS: Final = 50_000_000  # MoldUDP64 heartbeats while the file is quiet
+# MoldUDP64 heartbeats while the file is quiet, end of session repeated after it (and SoupBinTCP
+# server heartbeats): often enough that a lost end of session costs little drain time.
+_HEARTBEAT_S: Final = 0.05
 _LOSS_TABLE: Final = "tailsight_loss"
 _MOLD_HEADER_UDP_LENGTH: Final = 28  # UDP header + MoldUDP64 header: heartbeats and end of session
 
@@ -173,181 +172,48 @@ def _set_timer_slack_ns(slack_ns: int) -> None:
     libc.prctl(_PR_SET_TIMERSLACK, slack_ns, 0, 0, 0)
 
 
-def _read_exact(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            raise EOFError("pipe closed")
-        data += chunk
-    return data
+def _exchange_child(
+    topo: Topology, ticks: TickFile, cfg: ReplayConfig, control_fd: int, report_fd: int
+) -> bytes:
+    """Run the project's ``Exchange`` on the file until told to stop; the pickled report."""
+    # Per thread, inherited by threads created later: set before the exchange starts its own.
+    _set_timer_slack_ns(1)
+    sent_ns = np.full(len(ticks.messages), -1, dtype=np.int64)
 
+    def on_sent(first_sequence: int, count: int, stamp_ns: int) -> None:
+        sent_ns[first_sequence - 1 : first_sequence - 1 + count] = stamp_ns
 
-class _ReplayExchange:
-    """The exchange loop: paced publisher, re-request server, order acknowledgements."""
-
-    def __init__(
-        self, topo: Topology, ticks: TickFile, offsets_ns: npt.NDArray[np.int64], cfg: ReplayConfig
-    ) -> None:
-        self.topo = topo
-        self.messages = ticks.messages
-        self.offsets = offsets_ns.tolist()
-        self.cfg = cfg
-        self.publisher = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.publisher.bind((topo.exchange_ip, 0))
-        self.publisher.connect((topo.trading_ip, topo.feed_port))
-        self.rerequests = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rerequests.bind((topo.exchange_ip, topo.rerequest_port))
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((topo.exchange_ip, topo.order_port))
-        self.listener.listen(4)
-        self.sessions: dict[socket.socket, soupbintcp.SoupFramer] = {}
-        self.sent_ns = np.full(len(self.messages), -1, dtype=np.int64)
-        self.counters = {
-            "exchange_packets": 0,
-            "exchange_dropped_packets": 0,
-            "exchange_dropped_messages": 0,
-            "exchange_refused_packets": 0,
-            "exchange_retransmitted_packets": 0,
-            "exchange_orders": 0,
-            "exchange_max_send_lag_ns": 0,
-        }
-
-    def wait_for_start(self, control_fd: int) -> int:
-        """Serve order-entry logins until the parent sends t0 (perf_counter_ns)."""
-        while True:
-            sources: list[int | socket.socket] = [control_fd, self.listener, *self.sessions]
-            readable, _, _ = select.select(sources, [], [])
-            for source in readable:
-                self._serve(source, 0)
-            if control_fd in readable:
-                (t0_ns,) = struct.unpack("=q", _read_exact(control_fd, 8))
-                return int(t0_ns)
-
-    def _serve(self, source: object, next_sequence: int) -> None:
-        if source is self.rerequests:
-            self._answer_rerequest(next_sequence)
-        elif source is self.listener:
-            connection, _ = self.listener.accept()
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sessions[connection] = soupbintcp.SoupFramer()
-        elif isinstance(source, socket.socket):
-            self._serve_orders(source)
-
-    def run(self, t0_ns: int, control_fd: int) -> None:
-        due = [t0_ns + offset for offset in self.offsets]
-        count, sent, sequence = len(due), 0, 1
-        session, max_payload = self.cfg.session, self.cfg.max_payload
-        last_send = t0_ns
-        last_eos = 0
-        counters = self.counters
-        while True:
-            now = time.perf_counter_ns()
-            if sent < count and due[sent] <= now:
-                end = bisect.bisect_right(due, now, sent)
-                counters["exchange_max_send_lag_ns"] = max(
-                    counters["exchange_max_send_lag_ns"], now - due[sent]
-                )
-                first = sent
-                for packet in pack_messages(
-                    session, sequence, self.messages[sent:end], max_payload
-                ):
-                    carried = int.from_bytes(packet[18:20], "big")
-                    # Stamped before send(): on a veth the receiver may run inside that call.
-                    self.sent_ns[first : first + carried] = time.perf_counter_ns()
-                    self._publish(packet)
-                    first += carried
-                sequence += end - sent
-                sent, last_send = end, now
-                continue
-            if sent == count:
-                if now - last_eos >= _EOS_REPEAT_NS:
-                    self._publish(encode_packet(MoldPacket(session, sequence, (), True)))
-                    last_eos = now
-                wait_ns = _EOS_REPEAT_NS
-            else:
-                if now - last_send >= _HEARTBEAT_NS:
-                    self._publish(encode_packet(MoldPacket(session, sequence, ())))
-                    last_send = now
-                wait_ns = min(due[sent] - now, _HEARTBEAT_NS)
-            sources: list[int | socket.socket] = [
-                control_fd,
-                self.rerequests,
-                self.listener,
-                *self.sessions,
-            ]
-            readable, _, _ = select.select(sources, [], [], wait_ns / 1e9)
-            for source in readable:
-                self._serve(source, sequence)
-            if control_fd in readable:
-                return
-
-    def _publish(self, packet: bytes) -> None:
-        try:
-            self.publisher.send(packet)
-            self.counters["exchange_packets"] += 1
-        except PermissionError:  # an nftables drop on the output hook
-            self.counters["exchange_dropped_packets"] += 1
-            self.counters["exchange_dropped_messages"] += int.from_bytes(packet[18:20], "big")
-        except ConnectionRefusedError:
-            # An ICMP port unreachable for an earlier datagram, reported on this connected
-            # socket: the feed side closed while end of session was still being repeated.
-            self.counters["exchange_refused_packets"] += 1
-
-    def _answer_rerequest(self, next_sequence: int) -> None:
-        data, requester = self.rerequests.recvfrom(65536)
-        try:
-            request = decode_request(data)
-        except ValueError:
-            return
-        start = request.sequence_number
-        count = min(request.count, next_sequence - start)  # only what was published
-        if request.session != self.cfg.session or start < 1 or count <= 0:
-            return
-        messages = self.messages[start - 1 : start - 1 + count]
-        for packet in pack_messages(self.cfg.session, start, messages, self.cfg.max_payload):
-            self.rerequests.sendto(packet, requester)
-            self.counters["exchange_retransmitted_packets"] += 1
-
-    def _serve_orders(self, connection: socket.socket) -> None:
-        data = connection.recv(65536)
-        if not data:
-            del self.sessions[connection]
-            connection.close()
-            return
-        replies: list[soupbintcp.Packet] = []
-        for packet in self.sessions[connection].feed(data):
-            if isinstance(packet, soupbintcp.LoginRequest):
-                replies.append(soupbintcp.LoginAccepted(self.cfg.session, 1))
-            elif isinstance(packet, soupbintcp.UnsequencedData):
-                order = ouch.decode_inbound(packet.message)
-                if isinstance(order, ouch.EnterOrder):
-                    self.counters["exchange_orders"] += 1
-                    accepted = ouch.OrderAccepted(
-                        time.time_ns() % 86_400_000_000_000, order.user_ref_num, order.side,
-                        order.quantity, order.symbol, order.price, order.time_in_force,
-                        order.display, self.counters["exchange_orders"], order.capacity,
-                        order.intermarket_sweep_eligibility, order.cross_type, "L",
-                        order.cl_ord_id,
-                    )  # fmt: skip
-                    replies.append(soupbintcp.SequencedData(ouch.encode(accepted)))
-        if replies:
-            connection.sendall(b"".join(soupbintcp.encode(reply) for reply in replies))
-
-    def close(self) -> None:
-        for connection in self.sessions:
-            connection.close()
-        for sock in (self.publisher, self.rerequests, self.listener):
-            sock.close()
+    exchange = Exchange(
+        topo,
+        ticks.messages,
+        session=cfg.session,
+        speed=cfg.speed,
+        max_payload=cfg.max_payload,
+        accounts={ORDER_USER: ORDER_PASSWORD},
+        heartbeat_interval_s=_HEARTBEAT_S,
+        # The replay client does not heartbeat: its session lasts as long as the run.
+        heartbeat_timeout_s=math.inf,
+        autostart_market=False,
+        on_sent=on_sent,
+    ).start()
+    try:
+        os.write(report_fd, b"R")
+        command = os.read(control_fd, 8)  # t0 (one atomic pipe write), or "S"/EOF to give up
+        if len(command) == 8:
+            (t0_ns,) = struct.unpack("=q", command)
+            exchange.start_market(int(t0_ns))
+            os.read(control_fd, 1)  # "S" or EOF: stop
+    finally:
+        exchange.stop()
+    counters = {f"exchange_{name}": int(value) for name, value in asdict(exchange.stats).items()}
+    return pickle.dumps((counters, sent_ns))
 
 
 class _ExchangeProcess:
-    """The replay exchange forked into the exchange namespace; ``go(t0)``, then ``stop()``."""
+    """The exchange forked into its own process, so its threads never take the trading side's
+    GIL; ``go(t0)``, then ``stop()``."""
 
-    def __init__(
-        self, topo: Topology, ticks: TickFile, offsets_ns: npt.NDArray[np.int64], cfg: ReplayConfig
-    ) -> None:
+    def __init__(self, topo: Topology, ticks: TickFile, cfg: ReplayConfig) -> None:
         control_r, self._control_w = os.pipe()
         self._report_r, report_w = os.pipe()
         self.pid = os.fork()
@@ -356,13 +222,7 @@ class _ExchangeProcess:
             os.close(self._report_r)
             status = 0
             try:
-                _set_timer_slack_ns(1)
-                with in_netns(topo.exchange_ns):
-                    exchange = _ReplayExchange(topo, ticks, offsets_ns, cfg)
-                os.write(report_w, b"R")
-                exchange.run(exchange.wait_for_start(control_r), control_r)
-                exchange.close()
-                os.write(report_w, pickle.dumps((exchange.counters, exchange.sent_ns)))
+                os.write(report_w, _exchange_child(topo, ticks, cfg, control_r, report_w))
             except BaseException as error:
                 status = 1
                 with contextlib.suppress(OSError):
@@ -382,7 +242,7 @@ class _ExchangeProcess:
 
     def stop(self) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
         """Stop the exchange: its counters (publisher drops are kernel ground truth) and when
-        it actually sent each message (perf_counter_ns, -1 if never)."""
+        it first sent each message (perf_counter_ns, -1 if never)."""
         with contextlib.suppress(OSError):
             os.write(self._control_w, b"S")
             # EOF too: a child still waiting for t0 gives up instead of blocking forever.
@@ -414,6 +274,9 @@ class JoinTouchStrategy:
 
     Deterministic and cheap, so tick-to-trade measures the pipeline, not the strategy. Orders go
     out as OUCH Enter Order in SoupBinTCP unsequenced data; ``user_ref_num`` is the tick's sequence.
+    They are immediate-or-cancel on the bid (ask) side at that bid (ask): they cannot cross a book
+    that never crosses, so the exchange cancels them unfilled and publishes nothing of ours, and
+    the feed's final book stays the file's.
     """
 
     def __init__(self, book: Book, timer: StageTimer, connection: socket.socket) -> None:
@@ -423,6 +286,7 @@ class JoinTouchStrategy:
         self.framer = soupbintcp.SoupFramer()
         self.orders = 0
         self.acks = 0
+        self.rejects = 0
 
     def on_message(self, sequence: int, message: itch.Message, trade: TradeEvent | None) -> None:
         row = sequence - 1
@@ -446,7 +310,7 @@ class JoinTouchStrategy:
             quantity=100,
             symbol=order.stock,
             price=order.price,
-            time_in_force="0",  # day
+            time_in_force=IOC,
             display="Y",
             capacity="A",
             intermarket_sweep_eligibility="N",
@@ -474,6 +338,8 @@ class JoinTouchStrategy:
                     if 0 <= row < self.timer.capacity:
                         self.timer.stamps[row, ACK] = now
                     self.acks += 1
+                elif isinstance(reply, ouch.OrderRejected):
+                    self.rejects += 1
 
 
 def _connect_orders(topo: Topology, session: str, timeout_s: float = 5.0) -> socket.socket:
@@ -483,7 +349,8 @@ def _connect_orders(topo: Topology, session: str, timeout_s: float = 5.0) -> soc
             (topo.exchange_ip, topo.order_port), timeout=timeout_s
         )
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    connection.sendall(soupbintcp.encode(soupbintcp.LoginRequest("replay", "replay", session, 1)))
+    login = soupbintcp.LoginRequest(ORDER_USER, ORDER_PASSWORD, session, 1)
+    connection.sendall(soupbintcp.encode(login))
     framer = soupbintcp.SoupFramer()
     packets: list[Any] = []
     while not packets:
@@ -504,7 +371,7 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
     offsets = intended_offsets_ns(ticks.timestamps_ns, cfg.speed)
     timer = StageTimer(len(ticks.messages))
     book = Book()
-    exchange = _ExchangeProcess(topo, ticks, offsets, cfg)
+    exchange = _ExchangeProcess(topo, ticks, cfg)
     feed: FeedHandler | None = None
     connection: socket.socket | None = None
     try:
@@ -524,7 +391,12 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
             feed.poll(5)
         end_wall_ns = time.time_ns()
         complete = feed.complete
-        counters = {**feed.counters(), "orders": strategy.orders, "acks": strategy.acks}
+        counters = {
+            **feed.counters(),
+            "orders": strategy.orders,
+            "acks": strategy.acks,
+            "order_rejects": strategy.rejects,
+        }
         counters["late_ticks_over_1ms"] = int(
             np.count_nonzero(timer.stage_latencies_ns(RECEIVE) > 1_000_000)
         )
@@ -540,6 +412,8 @@ def replay_once(ticks: TickFile, topo: Topology, cfg: ReplayConfig) -> ReplayRes
             feed.close()
     exchange_counters, timer.sent_ns[:] = exchange.stop()
     counters.update(exchange_counters)
+    lag_ns, _ = timer.receive_split_ns()
+    counters["exchange_max_send_lag_ns"] = int(lag_ns.max()) if lag_ns.size else 0
     document = timer.document(
         replay_labels(cfg.path, xdp_mode), start_wall_ns, end_wall_ns, counters
     )

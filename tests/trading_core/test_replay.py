@@ -1,9 +1,11 @@
 """Tick replay end to end in namespaces: lossy feed on both receive paths must end in the file's
-book, with every dropped message (the kernel's nftables verdicts) detected and recovered."""
+book, with every dropped message (the kernel's nftables verdicts) detected and recovered; the
+project's ``Exchange`` publishes on the schedule the trading side measures from."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,9 @@ from feed_helpers import book_state, reference_book
 from typer.testing import CliRunner
 
 from tailsight.histfile import HistDocument
+from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book
+from tailsight.trading_core.exchange import Exchange, directory_messages
 from tailsight.trading_core.market import write_day
 from tailsight.trading_core.netns import Topology, topology, unique_topology
 from tailsight.trading_core.replay import (
@@ -55,7 +59,8 @@ def reference(day: Path) -> Book:
 
 @pytest.fixture(scope="module")
 def topo(kernel_ready: None) -> Iterator[Topology]:
-    with topology(unique_topology("replay")) as up:
+    # Not the "replay" tag: the in-process CLI test builds (and tears down) that topology.
+    with topology(unique_topology("replay-test")) as up:
         yield up
 
 
@@ -82,6 +87,10 @@ def test_lossy_replay_recovers_every_message_and_rebuilds_the_book(
     assert 0 < counters["gaps_detected"] <= nft_dropped
     assert book_state(result.book) == book_state(reference)
     assert counters["orders"] == counters["acks"] == counters["exchange_orders"] > 0
+    # Our IOC orders never traded nor rested: the exchange published the file and nothing else.
+    assert counters["exchange_published_messages"] == counters["exchange_market_messages"]
+    assert counters["exchange_published_messages"] == MESSAGES
+    assert counters["exchange_fills"] == counters["order_rejects"] == 0
 
     document = HistDocument.loads(result.document.dumps())
     by_stage = {s.labels["stage"]: s for s in document.series}
@@ -132,3 +141,38 @@ def test_replay_command_writes_one_result_per_run(day: Path, tmp_path: Path) -> 
         (t2t,) = document.find(stage=TICK_TO_TRADE, path="udp")
         assert t2t.hist.count == run["tick_to_trade"]["count"] == run["counters"]["orders"]
         assert run["counters"]["messages"] == MESSAGES
+
+
+@pytest.mark.kernel
+def test_exchange_publishes_no_tick_before_the_schedule_replay_measures_from(
+    topo: Topology,
+) -> None:
+    """The exchange's pacing from ``start_market(t0)`` against ``intended_offsets_ns``, with a
+    timestamp that steps back (due with its predecessor) and a start that lies ahead."""
+    base_ns = 10**9
+    steps_ms = [0, 0, 0, 0, 0, 4, 2, 10, 10, 30]  # after the directory: adds, one stepping back
+    messages = [itch.encode(m) for m in directory_messages(["PACE"], base_ns)]
+    messages += [
+        itch.encode(
+            itch.AddOrder(1, 0, base_ns + ms * 1_000_000, 1 + i, "B", 100, "PACE", 10_000 + i)
+        )
+        for i, ms in enumerate(steps_ms)
+    ]
+    stamps = np.array([int.from_bytes(m[5:11], "big") for m in messages], dtype=np.int64)
+    speed = 2.0
+    sent: dict[int, int] = {}
+
+    def on_sent(first: int, count: int, stamp_ns: int) -> None:
+        sent.update(dict.fromkeys(range(first, first + count), stamp_ns))
+
+    exchange = Exchange(topo, messages, speed=speed, autostart_market=False, on_sent=on_sent)
+    with exchange:
+        t0_ns = time.perf_counter_ns() + 20_000_000
+        exchange.start_market(t0_ns)
+        assert exchange.wait_market_done(5)
+    intended = t0_ns + intended_offsets_ns(stamps, speed)
+    assert sorted(sent) == list(range(1, len(messages) + 1))
+    actual = np.array([sent[sequence] for sequence in sorted(sent)], dtype=np.int64)
+    assert (actual >= intended).all(), (actual - intended).tolist()
+    # Paced, not sent at once: the last tick is due 15 ms after t0 (30 ms of file time / 2).
+    assert actual[-1] - t0_ns >= 15_000_000
