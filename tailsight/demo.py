@@ -48,8 +48,15 @@ def narrate(document: HistDocument, groups: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from tailsight.cli.trace import VIEW_WIDTH, open_session, render, run_live
-    from tailsight.cli.trace_view import Selection, heatmap, series_key, terminal_keys
+    from tailsight.cli.trace import open_session, run_live
+    from tailsight.cli.trace_view import (
+        VIEW_WIDTH,
+        Selection,
+        heatmap,
+        render,
+        series_key,
+        terminal_keys,
+    )
     from tailsight.workload import contention, default_cpu
 
     parser = argparse.ArgumentParser(description=__doc__)

@@ -15,17 +15,12 @@ import typer
 from tailsight.cli.trace_view import (
     HISTORY_INTERVALS,
     KEY_QUIT,
-    PROBE_HEADINGS,
-    SPARK_BOUNDS_NS,
-    SPARK_LEGEND,
     VIEW_WIDTH,
     KeySource,
     Selection,
     apply_key,
     render,
     resolve_selection,
-    series_name,
-    sparkline,
     terminal_keys,
 )
 from tailsight.probes.catalog import PROBE_CLASSES
@@ -34,22 +29,6 @@ if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.histfile import HistDocument
     from tailsight.probes.base import Probe, Snapshot
-
-__all__ = [
-    "PROBE_HEADINGS",
-    "SPARK_BOUNDS_NS",
-    "SPARK_LEGEND",
-    "VIEW_WIDTH",
-    "LiveResult",
-    "Session",
-    "open_session",
-    "render",
-    "run_live",
-    "series_name",
-    "sparkline",
-    "trace",
-    "wait_until",
-]
 
 KNOWN_PROBES: Final = tuple(PROBE_CLASSES)
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.cli.trace import SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
+from tailsight.cli.trace_view import SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
 from tailsight.hist import Histogram
 from tailsight.histfile import FORMAT, Counter, HistDocument, Series
 
