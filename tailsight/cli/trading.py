@@ -29,6 +29,19 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop
 
 
+# Capability bits (linux/capability.h) that namespaces, links and cgroups need.
+_NEEDED_CAPABILITIES = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
+
+
+def _missing_capabilities() -> list[str]:
+    """Needed capabilities this process lacks in its effective set (/proc/self/status CapEff)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+            return [n for n, bit in _NEEDED_CAPABILITIES.items() if not effective >> bit & 1]
+    return [] if os.geteuid() == 0 else list(_NEEDED_CAPABILITIES)
+
+
 def _topology(tag: str) -> Any:
     from tailsight.trading_core.netns import Topology, unique_topology
 
@@ -121,6 +134,14 @@ def up(
     """Start exchange, feed, strategy and gateway, each in its own cgroup."""
     from tailsight.trading_core.components import LiveConfig
 
+    missing = _missing_capabilities()
+    if missing:
+        typer.echo(
+            "error: needs root: `trading up` creates network namespaces, veth links and cgroups "
+            f"(missing {' and '.join(missing)})",
+            err=True,
+        )
+        raise typer.Exit(2)
     if state.exists():
         typer.echo(f"already running (state in {state}); use `tailsight trading down`", err=True)
         raise typer.Exit(1)

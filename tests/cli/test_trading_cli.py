@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,20 @@ def test_detached_up_is_stopped_by_down(tmp_path: Path) -> None:
     assert info["exchange_ns"] not in _namespaces() and info["trading_ns"] not in _namespaces()
     assert not (find_cgroup2_mount() / base).exists()
     assert not state.exists()
+
+
+def test_up_as_unprivileged_user_says_needs_root(tmp_path: Path) -> None:
+    """Regression: as `nobody`, `trading up` died with a RuntimeError traceback from `ip netns`."""
+    _require_root()  # to switch to nobody
+    tailsight = Path(sys.executable).with_name("tailsight")
+    drop = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
+    run = subprocess.run(
+        [*drop, str(tailsight), "trading", "up", "--duration", "1", "--state", "/tmp/none.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "needs root" in run.stderr and "CAP_SYS_ADMIN" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "RuntimeError" not in run.stderr
