@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import html
 import math
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -73,6 +76,20 @@ def render_html(
 
 
 # -- plots ---------------------------------------------------------------------------------------
+
+
+def write_report(path: Path, page: str) -> None:
+    """Write ``page`` atomically: a temporary file beside ``path``, renamed over it once complete,
+    so a failed write (missing directory, no permission, full disk) leaves nothing behind."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(page)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
 
 
 def quantile_plot(jump: JumpExplanation) -> str:

@@ -60,16 +60,23 @@ def explain(
             and (until_ns is None or d.start_ns < until_ns)
         ]
     report = explain_documents(documents, selector, ExplainConfig(quantiles=qs, seed=seed))
-    if html is not None:
-        from tailsight.analysis.report_html import render_html
-
-        page = render_html(report, documents, title=f"tailsight explain {recording.name}")
-        html.write_text(page, encoding="utf-8")
+    # The report goes out first: a bad --html path must not cost the reader the analysis.
     if json_output:
         sys.stdout.write(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
     else:
         sys.stdout.write(report.render_text())
-        if html is not None:
-            sys.stdout.write(f"HTML report: {html}\n")
+    sys.stdout.flush()
     if store.skipped_bytes:
         print(f"skipped {store.skipped_bytes} torn or corrupt bytes", file=sys.stderr)
+    if html is not None:
+        from tailsight.analysis.report_html import render_html, write_report
+
+        page = render_html(report, documents, title=f"tailsight explain {recording.name}")
+        try:
+            write_report(html, page)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            print(f"error: cannot write the HTML report to {html}: {reason}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        if not json_output:
+            sys.stdout.write(f"HTML report: {html}\n")

@@ -66,3 +66,33 @@ def test_html_file(tmp_path: Path) -> None:
     root = ET.fromstring(page.removeprefix("<!DOCTYPE html>"))
     assert root.tag == "html"
     assert "run-queue wait of /trading" in page
+
+
+def test_html_to_a_bad_path_keeps_the_text_and_exits_2(tmp_path: Path) -> None:
+    """Regression: a missing directory or an unwritable path gave a traceback (exit 1) and no
+    text report at all."""
+    recording = tmp_path / "rec"
+    _write(recording)
+    taken = tmp_path / "taken"  # a directory where the file should go: unwritable, even for root
+    taken.mkdir()
+    for target in (tmp_path / "missing" / "report.html", taken):
+        result = CliRunner().invoke(app, ["explain", str(recording), "--html", str(target)])
+        assert result.exit_code == 2, result.output
+        assert "run-queue wait of /trading rose" in " ".join(result.stdout.split())
+        assert "cannot write the HTML report" in result.stderr
+        assert "Traceback" not in result.output
+    # Nothing half-written: no directory made, no temporary file left beside the target.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rec", "taken"]
+    assert list(taken.iterdir()) == []
+
+
+def test_html_is_written_atomically_over_an_old_report(tmp_path: Path) -> None:
+    recording = tmp_path / "rec"
+    _write(recording)
+    out = tmp_path / "report.html"
+    out.write_text("old", encoding="utf-8")
+    result = CliRunner().invoke(app, ["explain", str(recording), "--html", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["jumps"]
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rec", "report.html"]  # no temp left
