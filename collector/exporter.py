@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,6 +50,8 @@ WHAT_LABELS: Final = ("what", "kind")
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 LabelKey = tuple[tuple[str, str], ...]
+K = TypeVar("K")
+P = TypeVar("P")
 
 
 def metric_base(probe: str, labels: Mapping[str, str]) -> str:
@@ -133,31 +135,56 @@ class _Cumulative:
     sum_ns: int = 0
 
 
+class _Sliding(Generic[K, P]):
+    """The intervals ending within ``span_ns`` of the newest, and per key how many of them hold
+    it. A key leaves when no interval in the span holds it, never because its running sum reads
+    zero: a part can be zero in count and not in sum (``Snapshot.delta`` keeps torn sums)."""
+
+    def __init__(self, span_ns: int) -> None:
+        self.span_ns = span_ns
+        self.intervals: deque[tuple[int, Mapping[K, P]]] = deque()
+        self.holders: dict[K, int] = {}
+
+    def push(self, end_ns: int, parts: Mapping[K, P]) -> tuple[list[Mapping[K, P]], list[K]]:
+        """Add an interval; return the intervals that left the span and the keys now gone."""
+        self.intervals.append((end_ns, parts))
+        for key in parts:
+            self.holders[key] = self.holders.get(key, 0) + 1
+        # Keep the intervals that end within the span before the newest end; an interval ending
+        # about one span ago (timer jitter: 1%) is out, so a 60 s window holds 60 one-second ones.
+        horizon = end_ns - self.span_ns + self.span_ns // 100
+        expired: list[Mapping[K, P]] = []
+        gone: list[K] = []
+        while self.intervals and self.intervals[0][0] <= horizon:
+            _, old = self.intervals.popleft()
+            expired.append(old)
+            for key in old:
+                self.holders[key] -= 1
+                if self.holders[key] == 0:
+                    del self.holders[key]
+                    gone.append(key)
+        return expired, gone
+
+
 class _Window:
     """Running sums per raw series over the last ``span_s`` of intervals."""
 
     def __init__(self, span_s: float) -> None:
-        self.span_ns = int(span_s * 1e9)
-        self.intervals: deque[tuple[int, dict[LabelKey, _Sparse]]] = deque()
+        self.sliding: _Sliding[LabelKey, _Sparse] = _Sliding(int(span_s * 1e9))
         self.sums: dict[LabelKey, Histogram] = {}
 
     def add(self, end_ns: int, sparse: dict[LabelKey, _Sparse]) -> None:
-        self.intervals.append((end_ns, sparse))
         for key, part in sparse.items():
             dense = self.sums.get(key)
             if dense is None:
                 dense = self.sums[key] = Histogram.empty()
             part.add_to(dense, 1)
-        # Keep the intervals that end within the span before the newest end; an interval ending
-        # about one span ago (timer jitter: 1%) is out, so a 60 s window holds 60 one-second ones.
-        horizon = end_ns - self.span_ns + self.span_ns // 100
-        while self.intervals and self.intervals[0][0] <= horizon:
-            _, old = self.intervals.popleft()
+        expired, gone = self.sliding.push(end_ns, sparse)
+        for old in expired:
             for key, part in old.items():
-                dense = self.sums[key]
-                part.add_to(dense, -1)
-                if dense.overflow == 0 and not dense.counts.any():
-                    del self.sums[key]
+                part.add_to(self.sums[key], -1)
+        for key in gone:
+            del self.sums[key]
 
 
 class PrometheusExporter:
@@ -173,8 +200,9 @@ class PrometheusExporter:
         self._windows: dict[str, _Window] = {
             window_label(s): _Window(s) for s in self.config.quantile_windows_s
         }
-        self._ranking_span_ns = int(self.config.ranking_window_s * 1e9)
-        self._rank_counts: deque[tuple[int, dict[tuple[str, str], int]]] = deque()
+        self._rank_window: _Sliding[tuple[str, str], int] = _Sliding(
+            int(self.config.ranking_window_s * 1e9)
+        )
         self._rank_totals: dict[tuple[str, str], int] = {}
         self._kept: dict[str, set[str]] = {}
         self._folded: dict[str, int] = {}
@@ -238,16 +266,14 @@ class PrometheusExporter:
             probe = c.labels.get("probe", "")
             if subject is not None and probe not in with_histograms and not c.name.endswith("_ns"):
                 counts[(probe, subject)] = counts.get((probe, subject), 0) + c.value
-        self._rank_counts.append((document.end_ns, counts))
         for key, n in counts.items():
             self._rank_totals[key] = self._rank_totals.get(key, 0) + n
-        horizon = document.end_ns - self._ranking_span_ns + self._ranking_span_ns // 100
-        while self._rank_counts and self._rank_counts[0][0] <= horizon:
-            _, old = self._rank_counts.popleft()
+        expired, gone = self._rank_window.push(document.end_ns, counts)
+        for old in expired:
             for key, n in old.items():
                 self._rank_totals[key] -= n
-                if self._rank_totals[key] <= 0:
-                    del self._rank_totals[key]
+        for key in gone:
+            del self._rank_totals[key]
         by_probe: dict[str, list[tuple[int, bool, str]]] = {}
         for (probe, cgroup), n in self._rank_totals.items():
             if n > 0 and cgroup not in FIXED_CGROUP_NAMES and self._allowed(cgroup):

@@ -286,3 +286,31 @@ def test_stack_labels_are_summed_away() -> None:
             range(1, 51)
         )
     }
+
+
+def test_torn_sum_interval_survives_window_expiry() -> None:
+    """Issue 10.1: 5 samples, then count 0 with sum 7,000 ns (a torn sum Snapshot.delta keeps),
+    then empty intervals past the 60 s ranking and quantile window: no KeyError, and the series
+    leaves the windows exactly when its last interval does."""
+    exporter = PrometheusExporter(CollectorConfig(quantile_windows_s=(60.0,)))
+    labels = {"probe": "netsyscall", "cgroup": "/"}
+    samples = np.array([1_000, 2_000, 3_000, 4_000, 5_000])
+    torn = Histogram(np.zeros_like(Histogram.empty().counts), sum_ns=7_000)
+    first = HistDocument(
+        T0_NS, T0_NS + SECOND_NS, [Series(labels, Histogram.from_samples(samples))]
+    )
+    exporter.update(first)
+    exporter.update(HistDocument(T0_NS + SECOND_NS, T0_NS + 2 * SECOND_NS, [Series(labels, torn)]))
+    key = ("cgroup=/", "probe=netsyscall")
+    after_two = scrape(exporter)
+    assert after_two[("tailsight_netsyscall_syscall_seconds_count", *key)] == 5
+    assert after_two[("tailsight_netsyscall_syscall_seconds_sum", *key)] == pytest.approx(22e-6)
+    for t in range(2, 64):
+        exporter.update(HistDocument(T0_NS + t * SECOND_NS, T0_NS + (t + 1) * SECOND_NS))
+        quantiles = series_of(scrape(exporter), "tailsight_netsyscall_syscall_quantile_seconds")
+        windowed = [k for k in quantiles if "window=60s" in k]
+        # The first interval (ends at 1 s) is in a 60 s window until an interval ends at 61 s.
+        assert bool(windowed) == (t + 1 < 61), t
+        # Ranked by the same window: "/" keeps its label while its 5 samples are in it.
+        assert exporter.kept_cgroups("netsyscall") == ({"/"} if t + 1 < 61 else set()), t
+    assert exporter.intervals == 64
