@@ -5,6 +5,7 @@ each one to the Prometheus exporter and the recording store."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tailsight.collector.config import CollectorConfig
+from tailsight.collector.exporter import RecordingStatus
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
 
@@ -38,6 +40,11 @@ def as_snapshot(probe_name: str, state: Any) -> Snapshot:
     return Snapshot(probe_name, state.taken_ns, histograms, counters)
 
 
+class RecordingFailed(OSError):
+    """A recording write failed in an agent whose only output is the recording (``record``);
+    keeps the errno (ENOSPC: disk full). With an exporter the agent stops recording instead."""
+
+
 @dataclass
 class _Attached:
     probe: Probe
@@ -61,6 +68,8 @@ class Agent:
     last_end_ns: int = 0
     intervals: int = 0
     last_tick_cpu_s: float = 0.0
+    interval_errors: int = 0
+    recording: RecordingStatus = field(default_factory=RecordingStatus)
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
@@ -99,6 +108,8 @@ class Agent:
         )
         if self.exporter is not None:
             self.exporter.probes = self.statuses
+            if self.config.record_dir is not None:
+                self.exporter.recording = self.recording
 
     def tick(self) -> HistDocument:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""
@@ -129,7 +140,12 @@ class Agent:
         if self.exporter is not None:
             self.exporter.update(document)
         if self.writer is not None:
-            self.writer.append(document)
+            try:
+                self.writer.append(document)
+            except OSError as error:
+                if self.exporter is None:  # the recording is all this agent makes (`record`)
+                    raise RecordingFailed(error.errno, str(error)) from error
+                self.stop_recording(error)
         self.intervals += 1
         self.last_tick_cpu_s = time.process_time() - began_cpu
         return document
@@ -146,11 +162,40 @@ class Agent:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            self.tick()
+            self._tick_surviving()
             next_tick += self.config.interval_s
             if next_tick < time.monotonic():  # fell behind (suspended, overloaded): skip ahead
                 next_tick = time.monotonic() + self.config.interval_s
-        self.tick()
+        self._tick_surviving()
+
+    def _tick_surviving(self) -> None:
+        """One bad interval (a bug, an odd reading) is counted, logged and skipped: the agent
+        keeps serving. Only a failed recording of ``record`` ends the run."""
+        try:
+            self.tick()
+        except RecordingFailed:
+            raise
+        except Exception as error:
+            self.interval_errors += 1
+            if self.exporter is not None:
+                self.exporter.note_interval_error()
+            self.log(f"interval skipped after an error ({type(error).__name__}: {error})")
+
+    def stop_recording(self, error: OSError) -> None:
+        """Degrade to "not recording" (``tailsight_recording_up 0``) with one log line."""
+        reason = error.strerror or str(error)
+        self.recording.up = False
+        self.recording.errors += 1
+        self.recording.reason = reason
+        if self.writer is not None:
+            with contextlib.suppress(OSError):
+                self.writer.close()
+            self.writer = None
+        where = self.config.record_dir
+        full = " (disk full)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        self.log(f"recording to {where} stopped: {reason}{full}; /metrics keeps serving")
+        if self.exporter is not None:
+            self.exporter.changed()
 
     def close(self) -> None:
         """Detach every probe and close the recording; safe to call twice."""

@@ -103,6 +103,16 @@ class ProbeStatus:
 
 
 @dataclass
+class RecordingStatus:
+    """Whether ``serve --record`` is still recording; after a write fails it is not (the endpoint
+    stays up) and ``reason`` says why."""
+
+    up: bool = True
+    errors: int = 0
+    reason: str = ""
+
+
+@dataclass
 class _Sparse:
     """A histogram's non-zero buckets (window storage: dense copies would cost 16 KiB each)."""
 
@@ -215,6 +225,14 @@ class PrometheusExporter:
         self.last_update_s = 0.0
         self.last_collect_s = 0.0
         self.bpf_stats_enabled = False
+        self.interval_errors = 0
+        self.recording: RecordingStatus | None = None
+        # Bumped by every change a scrape can see; the exposition is rendered once per value.
+        self.generation = 0
+        self.renders = 0
+        self._render_lock = threading.Lock()
+        self._rendered: tuple[int, bytes] | None = None
+        self._registry: CollectorRegistry | None = None
 
     # -- feeding ----------------------------------------------------------------------------
 
@@ -249,6 +267,7 @@ class PrometheusExporter:
                 window.add(document.end_ns, sparse)
             self._last, self._last_sparse = document, sparse
             self.intervals += 1
+            self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
     def _rank(self, document: HistDocument, sparse: Mapping[LabelKey, _Sparse]) -> None:
@@ -478,10 +497,56 @@ class PrometheusExporter:
         )
         update.add_metric([], self.last_update_s)
         scrape = GaugeMetricFamily(
-            "tailsight_scrape_duration_seconds", "Wall time of the previous /metrics collection."
+            "tailsight_scrape_duration_seconds", "Wall time of the previous exposition render."
         )
         scrape.add_metric([], self.last_collect_s)
-        return [attached, runs, run_time, fill, errors, folded, stats_on, intervals, update, scrape]
+        renders = CounterMetricFamily(
+            "tailsight_exposition_renders",
+            "Expositions rendered (at most one per interval; scrapes share it).",
+        )
+        renders.add_metric([], self.renders)
+        interval_errors = CounterMetricFamily(
+            "tailsight_interval_errors", "Intervals that failed and were skipped; serving went on."
+        )
+        interval_errors.add_metric([], self.interval_errors)
+        out = [attached, runs, run_time, fill, errors, folded, stats_on, intervals, update, scrape]
+        out += [renders, interval_errors]
+        if self.recording is not None:
+            up = GaugeMetricFamily(
+                "tailsight_recording_up",
+                "1 while --record writes every interval; 0 after a write failed (reason).",
+                labels=["reason"],
+            )
+            up.add_metric([self.recording.reason[:200]], 1.0 if self.recording.up else 0.0)
+            failed = CounterMetricFamily(
+                "tailsight_recording_errors", "Recording writes that failed (e.g. disk full)."
+            )
+            failed.add_metric([], self.recording.errors)
+            out += [up, failed]
+        return out
+
+    def changed(self) -> None:
+        """State outside ``update`` changed (an interval failed, recording stopped): re-render."""
+        self.generation += 1
+
+    def note_interval_error(self) -> None:
+        """One interval could not be exported; counted in ``tailsight_interval_errors_total``."""
+        self.interval_errors += 1
+        self.changed()
+
+    def exposition(self) -> bytes:
+        """The text exposition, rendered at most once per generation (one interval, normally):
+        scrapes in between get the same bytes object, however many there are."""
+        from prometheus_client import generate_latest
+
+        with self._render_lock:
+            generation = self.generation
+            if self._rendered is None or self._rendered[0] != generation:
+                if self._registry is None:
+                    self._registry = self.register()
+                self._rendered = (generation, generate_latest(self._registry))
+                self.renders += 1
+            return self._rendered[1]
 
     def register(self, registry: CollectorRegistry | None = None) -> CollectorRegistry:
         """Register on ``registry`` (a new one by default) and return it."""

@@ -4,6 +4,7 @@ optionally recording full-resolution intervals too; SIGTERM detaches and flushes
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import signal
 import sys
 import threading
@@ -63,14 +64,33 @@ def build_agent(config: CollectorConfig, log: Callable[[str], None], export: boo
 
     root = config.cgroup_root or find_cgroup2_mount()
     writer = None
+    failed: OSError | None = None
     if config.record_dir is not None:
-        writer = RecordingWriter(
-            config.record_dir,
-            max_age_s=config.retention_max_age_s,
-            max_bytes=config.retention_max_bytes,
-        )
+        try:
+            writer = RecordingWriter(
+                config.record_dir,
+                max_age_s=config.retention_max_age_s,
+                max_bytes=config.retention_max_bytes,
+            )
+        except OSError as error:
+            if not export:  # `record`: the recording is the point, its caller says why not
+                raise
+            failed = error
     exporter = PrometheusExporter(config) if export else None
-    return Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
+    agent = Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
+    if failed is not None:
+        agent.stop_recording(failed)  # serving without the recording beats not serving
+    return agent
+
+
+def is_loopback(address: str) -> bool:
+    """Whether only this host can reach ``address`` ("localhost" or a loopback IP)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def run_serve(
@@ -81,12 +101,34 @@ def run_serve(
     on_ready: Callable[[Agent, MetricsServer], None] | None = None,
 ) -> Agent:
     """Attach, serve ``/metrics`` and tick until ``stop`` or the duration; always cleans up."""
-    from tailsight.collector.endpoint import MetricsServer, read_hash_file
+    from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_context
     from tailsight.probes.features import enable_bpf_stats
 
+    # Bad files are bad input (exit 2), found before anything is attached.
     password_hash = None
     if config.basic_auth_hash_file is not None:
-        password_hash = read_hash_file(config.basic_auth_hash_file)
+        try:
+            password_hash = read_hash_file(config.basic_auth_hash_file)
+        except (OSError, ValueError) as error:
+            raise typer.BadParameter(
+                f"{error}; make the hash with `tailsight serve --hash-password`",
+                param_hint="--basic-auth-hash-file",
+            ) from error
+    tls = None
+    if config.tls_certfile is not None and config.tls_keyfile is not None:
+        try:
+            tls = tls_context(config.tls_certfile, config.tls_keyfile)
+        except OSError as error:  # ssl.SSLError is one
+            raise typer.BadParameter(
+                f"cannot load {config.tls_certfile} / {config.tls_keyfile}: {error}",
+                param_hint="--tls-cert/--tls-key",
+            ) from error
+    if not is_loopback(config.address) and tls is None and password_hash is None:
+        log(
+            f"warning: /metrics on {config.address} is reachable from the network with neither "
+            "TLS nor auth: anyone who connects reads cgroup paths and latencies "
+            "(add --tls-cert/--tls-key and --basic-auth-user, or listen on 127.0.0.1)"
+        )
     agent = build_agent(config, log, export=True)
     assert agent.exporter is not None
     with contextlib.ExitStack() as stack:
@@ -101,15 +143,18 @@ def run_serve(
         if not agent.attached:
             log("nothing attached: run `tailsight doctor` to see why")
             return agent
-        server = MetricsServer(
-            agent.exporter.register(),
-            config.address,
-            config.port,
-            certfile=config.tls_certfile,
-            keyfile=config.tls_keyfile,
-            user=config.basic_auth_user,
-            password_hash=password_hash,
-        )
+        try:
+            server = MetricsServer(
+                agent.exporter.exposition,
+                config.address,
+                config.port,
+                tls=tls,
+                user=config.basic_auth_user,
+                password_hash=password_hash,
+            )
+        except OSError as error:
+            log(f"cannot serve on {config.address}:{config.port}: {error.strerror or error}")
+            raise typer.Exit(1) from error
         stack.callback(server.close)
         attached = sorted(agent.attached)
         log(f"serving {server.url}; probes attached: {', '.join(attached) or 'none'}")
@@ -215,11 +260,7 @@ def serve(
     _check_probes(config)
     stop = threading.Event()
     with stop_on_signals(stop):
-        try:
-            agent = run_serve(config, stop, duration)
-        except OSError as error:
-            log_to_stderr(f"cannot serve on {listen}: {error}")
-            raise typer.Exit(1) from error
+        agent = run_serve(config, stop, duration)
     if not agent.started:
         raise typer.Exit(1)
 

@@ -124,7 +124,7 @@ def collector(config: CollectorConfig) -> Iterator[Collector]:
     assert agent.exporter is not None
     agent.start()
     assert "runqueue" in agent.attached, agent.statuses
-    server = MetricsServer(agent.exporter.register(), config.address, config.port)
+    server = MetricsServer(agent.exporter.exposition, config.address, config.port)
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     thread.start()
