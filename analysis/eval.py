@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.analysis.gate import GateConfig, Outcome, gate_documents
+from tailsight.analysis.gate import DEFAULT_SERIES, GateConfig, Outcome, gate_documents
 from tailsight.analysis.jumps import JumpConfig, benjamini_hochberg, detect_offline
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument, Series
@@ -139,7 +139,7 @@ def simulate_runs(
 ) -> list[HistDocument]:
     """One ``tailsight.hist/1`` document per run, each holding one series."""
     noise = noise or RunNoise()
-    labels = labels or {"probe": "replay", "stage": "tick_to_trade"}
+    labels = labels or dict(DEFAULT_SERIES)
     documents = []
     for n in range(runs):
         hist = noise.run_model(model, rng).sample_hist(rng, noise.events_per_run)
@@ -238,14 +238,14 @@ def gate_calibration(
     """Gate ``trials`` independent experiments whose true candidate / baseline P99 is ``ratio``."""
     model = model or LatencyModel()
     candidate_model = model if ratio == 1.0 else model.with_tail_ratio(ratio)
-    config = config or GateConfig(bootstrap=500)
+    config = config or GateConfig()
     outcomes = {o: 0 for o in Outcome}
     pooled = 0
     for trial in range(trials):
         rng = np.random.default_rng([seed, trial])
         base = simulate_runs(model, runs_per_side, rng, noise)
         cand = simulate_runs(candidate_model, runs_per_side, rng, noise)
-        result = gate_documents(base, cand, config=replace(config, seed=trial))
+        result = gate_documents(base, cand, config=config)
         outcomes[result.outcome] += 1
         pooled += pooled_event_test(base, cand, 0.99, config.alpha)
     return GateCalibration(

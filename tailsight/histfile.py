@@ -96,6 +96,9 @@ class HistDocument:
             )
         start_ns = _integer(top["start_ns"], "document: start_ns")
         end_ns = _integer(top["end_ns"], "document: end_ns")
+        for name, value in (("start_ns", start_ns), ("end_ns", end_ns)):
+            if value > _INT64_MAX:
+                raise HistFormatError(f"document: {name} does not fit in int64 ns")
         if end_ns < start_ns:
             raise HistFormatError(f"document: end_ns {end_ns} is before start_ns {start_ns}")
 
@@ -148,7 +151,11 @@ class HistDocument:
             )
         except HistFormatError:
             raise
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        except RecursionError as error:
+            raise HistFormatError(
+                "not a tailsight.hist/1 document: JSON nested too deeply"
+            ) from error
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, over-long integers
             raise HistFormatError(f"not valid JSON: {error}") from error
         return cls.from_json(obj)
 
