@@ -15,13 +15,15 @@ offset in the uncompressed stream.
 from __future__ import annotations
 
 import gzip as gzip_module
+import io
 import os
+import stat
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +35,9 @@ __all__ = [
     "CHUNK_SIZE",
     "FramingIssue",
     "FramingReport",
+    "GzipReader",
     "IssueKind",
+    "ItchInputError",
     "iter_itch",
     "iter_itch_chunks",
     "scan_itch",
@@ -52,6 +56,13 @@ MAX_ZERO_PREFIXES_BETWEEN = 64
 # Unread bytes needed to judge a frame: itself, a zero run, the frame after it, another zero
 # run, the header after that and the frames that may start inside the second (about 420 bytes).
 LOOKAHEAD = 1024
+# A run of messages each right behind a 0x0000 prefix (files written that way exist) is read
+# by spec lengths once this many chain up (fewer at the stream's end); each link is a zero pair
+# and a known type, a pattern common in ITCH bodies, so the file's first run must be longer.
+ZERO_CHAIN = 3
+ZERO_CHAIN_FIRST = 8
+# Kinds reported once (the first offset), with a count: a property of the file, not damage.
+SUMMARIZED_KINDS = frozenset({"zero_prefixed"})
 # How well the frame after a frame confirms it (``_Framer.successor``).
 NONE, WEAK, STRONG = 0, 1, 2
 
@@ -60,6 +71,7 @@ class IssueKind:
     """The kinds of anomaly a ``FramingReport`` counts."""
 
     ZERO_LENGTH = "zero_length"  # a 0x0000 prefix; skipped
+    ZERO_PREFIXED = "zero_prefixed"  # a message right after a 0x0000 prefix; read, reported once
     LENGTH_REPAIRED = "length_repaired"  # prefix (<= 50) != spec, spec length lines up; used
     BAD_LENGTH = "bad_length"  # known type, prefix (11-50) lines up, not the spec length; skipped
     UNKNOWN_TYPE = "unknown_type"  # a frame (11-50 bytes) lines up, type not ITCH 5.0; skipped
@@ -91,9 +103,10 @@ class FramingReport:
     def clean(self) -> bool:
         return not self.counts
 
-    def add(self, offset: int, kind: str, detail: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if len(self.issues) < self.max_issues:
+    def add(self, offset: int, kind: str, detail: str, count: int = 1) -> None:
+        first = kind not in self.counts
+        self.counts[kind] = self.counts.get(kind, 0) + count
+        if len(self.issues) < self.max_issues and (first or kind not in SUMMARIZED_KINDS):
             self.issues.append(FramingIssue(offset, kind, detail))
 
     def summary(self) -> str:
@@ -107,18 +120,171 @@ for _t, _n in _SPEC.items():
     _SPEC_TABLE[_t] = _n
 
 
-def _open_stream(path: str | Path) -> BinaryIO:
-    """The file's (decompressed) byte stream: gzip when it starts like gzip and inflates."""
-    with open(path, "rb") as probe:
-        magic = probe.read(len(GZIP_MAGIC))
-    if magic == GZIP_MAGIC:
+class ItchInputError(OSError):
+    """A path that cannot be read as an ITCH file: missing, unreadable, a directory, a FIFO, a
+    device. An ``OSError``, so callers that already map I/O errors to a message keep working."""
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """Open a regular file for reading, refusing anything else before reading a byte.
+
+    ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a writer; ``fstat`` on the open
+    descriptor judges what was opened (no race with a rename in between).
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as error:
+        raise ItchInputError(f"{path}: no such file") from error
+    except PermissionError as error:
+        raise ItchInputError(f"{path}: permission denied") from error
+    except OSError as error:
+        raise ItchInputError(f"{path}: {error.strerror or error}") from error
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        what = "is a directory" if stat.S_ISDIR(mode) else f"not a regular file ({_kind(mode)})"
+        raise ItchInputError(f"{path}: {what}")
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "special file"
+
+
+class GzipReader(io.RawIOBase):
+    """Decompress gzip members with ``zlib.decompressobj`` and keep every byte that inflates.
+
+    ``gzip.GzipFile`` raises on damage and drops what the failing read had inflated. Here the
+    input goes in pieces; a piece that fails is retried in halves from a copy of the
+    decompressor, down to the byte at which zlib fails, so all output before it is kept and the
+    failing byte's compressed offset is exact. Damage ends the stream (deflate has no resync
+    points); ``problem`` then says what happened and where.
+    """
+
+    PIECE = 1 << 16  # compressed bytes per decompress call
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self.raw = raw
+        self.inflate = zlib.decompressobj(wbits=31)  # gzip header and CRC-32/ISIZE checked
+        self.in_member = False
+        self.tail = b""  # compressed bytes read but not yet fed
+        self.consumed = 0  # compressed bytes fed to zlib (or skipped as padding)
+        self.produced = 0  # decompressed bytes handed out
+        self.pending = bytearray()
+        self.finished = False
+        self.problem: str | None = None  # what went wrong in the gzip layer, if anything
+        self.problem_offset = 0  # decompressed offset where the output stops because of it
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        out = self.read(len(view))
+        view[: len(out)] = out
+        return len(out)
+
+    def read(self, size: int | None = -1) -> bytes:
+        size = -1 if size is None else size
+        while (size < 0 or len(self.pending) < size) and not self.finished:
+            self._inflate_piece()
+        count = len(self.pending) if size < 0 else min(size, len(self.pending))
+        out = bytes(self.pending[:count])
+        del self.pending[:count]
+        self.produced += count
+        return out
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+    def _fail(self, detail: str) -> None:
+        self.problem = detail
+        self.problem_offset = self.produced + len(self.pending)
+        self.finished = True
+
+    def _inflate_piece(self) -> None:
+        if not self.tail:
+            self.tail = self.raw.read(self.PIECE)
+            if not self.tail:
+                if self.in_member:
+                    self._fail(f"gzip member unfinished at the end of the file, compressed byte "
+                               f"{self.consumed}: cut short (or damaged)")  # fmt: skip
+                self.finished = True
+                return
+        if not self.in_member:
+            # Between members: NUL padding may follow one, another member may (concatenated).
+            data = self.tail.lstrip(b"\0")
+            self.consumed += len(self.tail) - len(data)
+            self.tail = data
+            if not data:
+                return
+            if not GZIP_MAGIC.startswith(data[: len(GZIP_MAGIC)]):
+                self._fail(f"compressed byte {self.consumed}: trailing bytes, not a gzip member")
+                return
+            self.inflate = zlib.decompressobj(wbits=31)
+            self.in_member = True
+        data, self.tail = self.tail, b""
+        self.tail = self._feed(data)
+
+    def _feed(self, data: bytes) -> bytes:
+        """Inflate ``data`` into ``pending``; returns the bytes after the member's end, if it
+        ended. On a zlib error, keeps the output of every byte before the failing one."""
+        saved = self.inflate.copy()
         try:
-            with gzip_module.open(path, "rb") as trial:
-                trial.read(1)
-        except (OSError, EOFError, zlib.error):
-            return open(path, "rb")  # only looked like gzip: read it as it is
-        return gzip_module.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+            out = self.inflate.decompress(data)
+        except zlib.error as error:
+            self.inflate = saved
+            if len(data) == 1:
+                self._fail(f"compressed byte {self.consumed}: {_zlib_reason(error)}")
+                return b""
+            half = len(data) // 2
+            rest = self._feed(data[:half])
+            if self.finished or not self.in_member:  # failed, or the member ended
+                return rest + data[half:]
+            return self._feed(data[half:])
+        self.pending += out
+        if self.inflate.eof:
+            rest = self.inflate.unused_data
+            self.consumed += len(data) - len(rest)
+            self.in_member = False
+            return rest
+        self.consumed += len(data)
+        return b""
+
+
+def _zlib_reason(error: zlib.error) -> str:
+    text = str(error)
+    if "incorrect data check" in text:
+        return "CRC-32 mismatch (the data inflated, but not to what was compressed)"
+    if "incorrect length check" in text:
+        return "ISIZE mismatch (length in the gzip trailer is wrong)"
+    return text.split(": ", 1)[-1]
+
+
+def _open_stream(path: str | Path) -> BinaryIO:
+    """The file's (decompressed) byte stream: gzip when it starts like gzip and inflates.
+
+    Raises ``ItchInputError`` for a path that is not a readable regular file.
+    """
+    raw = _open_regular(path)
+    magic = raw.read(len(GZIP_MAGIC))
+    raw.seek(0)
+    if magic != GZIP_MAGIC:
+        return raw
+    probe = GzipReader(io.BytesIO(raw.read(GzipReader.PIECE)))  # type: ignore[arg-type]
+    if not probe.read(1) and probe.problem is not None:
+        raw.seek(0)  # only looked like gzip (nothing inflates): read it as it is
+        return raw
+    raw.seek(0)
+    reader = GzipReader(raw)
+    return reader  # type: ignore[return-value]
 
 
 class _Framer:
@@ -133,6 +299,8 @@ class _Framer:
         self.pos = 0  # next unframed byte in buf
         self.eof = False
         self.garbage_start: int | None = None  # stream offset of an open garbage run
+        self.zero_seen = False  # a run of zero-prefixed messages was read
+        self.zero_next: int | None = None  # buf offset where a zero-prefixed run continues
 
     # -- buffer ---------------------------------------------------------------------------
 
@@ -142,19 +310,21 @@ class _Framer:
             if self.pos:
                 del self.buf[: self.pos]
                 self.base += self.pos
+                if self.zero_next is not None:
+                    self.zero_next -= self.pos
                 self.pos = 0
-            try:
-                chunk = self.stream.read(self.chunk_size)
-            except (OSError, EOFError, zlib.error) as error:  # a corrupt or cut gzip stream
-                self.report.add(
-                    self.base + len(self.buf), IssueKind.STREAM_ERROR, f"{error!r}"[:200]
-                )
-                chunk = b""
+            chunk = self.stream.read(self.chunk_size)
             if not chunk:
                 self.eof = True
+                if isinstance(self.stream, GzipReader) and self.stream.problem is not None:
+                    self.report.add(
+                        self.stream.problem_offset, IssueKind.STREAM_ERROR, self.stream.problem
+                    )
             else:
                 self.buf += chunk
                 self.report.bytes_read += len(chunk)
+            if self.zero_next is not None:
+                self.give_spec_prefixes(self.zero_next)
 
     # -- frame tests ----------------------------------------------------------------------
 
@@ -236,6 +406,67 @@ class _Framer:
         del window, prefix, spec  # release the buffer export before the buffer may resize
         return found
 
+    # -- zero-prefixed messages -------------------------------------------------------------
+
+    def zero_frame_end(self, at: int) -> int | None:
+        """End of the message right behind a 0x0000 prefix at ``at`` (by its type's spec length),
+        or None when ``at`` holds no zero prefix and known type."""
+        buf = self.buf
+        if at + 3 > len(buf) or buf[at] or buf[at + 1]:
+            return None
+        spec = _SPEC.get(buf[at + 2])
+        return None if spec is None else at + 2 + spec
+
+    def zero_chain(self, at: int) -> bool:
+        """Whether zero-prefixed messages chain up from ``at``: ZERO_CHAIN of them (the file's
+        first run: ZERO_CHAIN_FIRST), or fewer that end the stream exactly (or start it)."""
+        need = ZERO_CHAIN if self.zero_seen else ZERO_CHAIN_FIRST
+        for _ in range(need):
+            end = self.zero_frame_end(at)
+            if end is None:
+                return False
+            at = end
+        else:
+            return True
+        return False
+
+    def zero_chain_to_end(self, at: int) -> bool:
+        """A short run of zero-prefixed messages that ends the stream exactly (a small file)."""
+        if not self.eof or not (self.zero_seen or self.base + at == 0):
+            return False
+        while (end := self.zero_frame_end(at)) is not None:
+            at = end
+        return at == len(self.buf)
+
+    def give_spec_prefixes(self, at: int) -> None:
+        """Rewrite, in the buffer, the zero prefixes of the run of zero-prefixed messages from
+        ``at`` to their spec lengths: from then on they are ordinary frames, judged (confirmed,
+        dropped at damage) like any other. Continues after each refill until the run breaks."""
+        buf, size = self.buf, len(self.buf)
+        first, count, more = at, 0, False  # more: the buffer ended before the run did
+        while True:
+            if at + 3 > size:
+                more = True
+                break
+            end = self.zero_frame_end(at)
+            if end is None:
+                break
+            if end > size and not self.eof:
+                more = True
+                break
+            buf[at + 1] = end - at - 2
+            count += 1
+            at = end
+        self.zero_next = at if more and not self.eof else None
+        if count:
+            self.zero_seen = True
+            self.report.add(
+                self.base + first,
+                IssueKind.ZERO_PREFIXED,
+                "length prefixes are 0x0000: messages read by their spec lengths",
+                count,
+            )
+
     # -- stepping -------------------------------------------------------------------------
 
     def close_garbage(self, at: int) -> None:
@@ -257,11 +488,17 @@ class _Framer:
             window = np.frombuffer(self.buf, dtype=np.uint8)[search_from : window_end + 2]
             prefix = (window[:-2].astype(np.int64) << 8) | window[1:-1]
             spec = _SPEC_TABLE[window[2:]]
-            hits = np.flatnonzero((prefix == spec) & (spec != 0)).tolist()
+            # A well-formed header, or a known type behind a zero prefix (``zero_chain``).
+            hits = np.flatnonzero(((prefix == spec) | (prefix == 0)) & (spec != 0)).tolist()
             lengths = spec[hits].tolist()
+            zeros = (prefix[hits] == 0).tolist()
             del window, prefix, spec  # release the buffer export before the buffer may resize
-            for offset, length in zip(hits, lengths, strict=True):
+            for offset, length, zero in zip(hits, lengths, zeros, strict=True):
                 candidate = search_from + offset
+                if zero:
+                    if self.zero_chain(candidate):
+                        return candidate
+                    continue
                 following = candidate + 2 + length
                 if following <= size and self.lines_up(following):
                     return candidate
@@ -304,6 +541,9 @@ class _Framer:
             return None
         length = self.prefix(at)
         if length == 0:
+            if not self.lines_up(at) and (self.zero_chain(at) or self.zero_chain_to_end(at)):
+                self.give_spec_prefixes(at)
+                return None
             if not self.lines_up(at):
                 # Not a run of zero prefixes before a real frame: a stray zero byte, say.
                 self.resync(at + 1)
