@@ -65,7 +65,10 @@ def read_hash_file(path: Path) -> str:
         line = line.strip()
         if line and not line.startswith("#"):
             if not line.startswith(f"{HASH_SCHEME}$"):
-                raise ValueError(f"{path}: expected a {HASH_SCHEME}$... line")
+                raise ValueError(
+                    f"{path}: not a password hash (expected a {HASH_SCHEME}$... line, "
+                    "not the password itself)"
+                )
             return line
     raise ValueError(f"{path}: no password hash")
 

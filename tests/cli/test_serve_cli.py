@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.cli.serve import parse_listen
+from tailsight.cli.serve import is_loopback, parse_listen
 from tailsight.collector.endpoint import verify_password
 
 
@@ -36,3 +36,36 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert runner.invoke(app, ["serve", "--tls-cert", str(cert)]).exit_code == 2  # no key
     assert runner.invoke(app, ["serve", "--basic-auth-user", "u"]).exit_code == 2  # no hash file
     assert runner.invoke(app, ["serve", "--cgroup-allow", "("]).exit_code == 2
+
+
+def test_is_loopback() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.1.2.3")
+    assert not is_loopback("metrics.example.com")  # a name may resolve anywhere
+
+
+def test_plain_password_in_hash_file_exit_2(tmp_path: Path) -> None:
+    """Issue 10.13: a file holding the password itself, not its hash, is bad input."""
+    plain = tmp_path / "password"
+    plain.write_text("hunter2\n")
+    argv = ["serve", "--probe", "runqueue", "--basic-auth-user", "prom"]
+    result = CliRunner().invoke(app, [*argv, "--basic-auth-hash-file", str(plain)])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)  # no traceback
+    assert "pbkdf2_sha256" in result.output and "--hash-password" in result.output
+    assert "hunter2" not in result.output  # the secret is not echoed
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    result = CliRunner().invoke(app, [*argv, "--basic-auth-hash-file", str(directory)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+
+
+def test_unloadable_tls_files_exit_2(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("not a certificate\n")
+    key.write_text("not a key\n")
+    argv = ["serve", "--probe", "runqueue", "--tls-cert", str(cert), "--tls-key", str(key)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "cannot load" in result.output

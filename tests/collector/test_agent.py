@@ -8,24 +8,28 @@ import itertools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tailsight.cli.serve import build_agent
 from tailsight.collector.agent import Agent, as_snapshot
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
+from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.store import Recording, RecordingWriter
 from tailsight.hist import Histogram
+from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.loader import ProbeError
 
@@ -236,3 +240,216 @@ def test_serve_sigterm_detaches_and_flushes(kernel_ready: None, tmp_path: Path) 
     assert docs[-1].end_ns >= signalled_ns  # the partial interval after SIGTERM was written
     with pytest.raises(OSError):  # the endpoint is gone
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+class FaultyExporter(PrometheusExporter):
+    """Fault-injection double: the real exporter, except that one chosen interval raises, as any
+    bug on a rare input would (issue 10.1's KeyError was one)."""
+
+    def __init__(self, config: CollectorConfig, fail_on: int) -> None:
+        super().__init__(config)
+        self.fail_on = fail_on
+        self.calls = 0
+
+    def update(self, document: HistDocument) -> None:
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise KeyError(("netsyscall", "/"))
+        super().update(document)
+
+
+def test_one_bad_interval_is_counted_logged_and_skipped(
+    tree: tuple[CgroupResolver, dict[str, int]],
+) -> None:
+    resolver, ids = tree
+    probe = FakeProbe("runqueue", script(ids, 100, seed=4))
+    config = CollectorConfig(probes=("runqueue",), interval_s=0.05)
+    exporter = FaultyExporter(config, fail_on=3)
+    messages: list[str] = []
+    agent = Agent(
+        config, resolver, exporter=exporter, log=messages.append, create_probe=lambda n: probe
+    )
+    agent.start()
+    server = MetricsServer(exporter.exposition, "127.0.0.1", 0)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while exporter.intervals < 8:
+            assert runner.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        body = urllib.request.urlopen(server.url, timeout=5).read().decode()
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+        server.close()
+        agent.close()
+    assert "tailsight_interval_errors_total 1.0" in body
+    assert agent.interval_errors == 1
+    assert exporter.intervals == exporter.calls - 1  # every other interval exported
+    (line,) = [m for m in messages if "interval skipped" in m]
+    assert "KeyError" in line and "netsyscall" in line
+
+
+@contextlib.contextmanager
+def full_tmpfs(path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs at ``path``, mounted for the test (root only); ``filler`` fills it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(directory: Path) -> None:
+    """Write until the filesystem says ENOSPC."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.kernel
+def test_full_disk_stops_recording_not_serving(
+    tree: tuple[CgroupResolver, dict[str, int]], tmp_path: Path
+) -> None:
+    """Issue 10.4 with a real full filesystem: the write fails with ENOSPC, the agent says so
+    once, exports tailsight_recording_up 0 and goes on serving every interval."""
+    resolver, ids = tree
+    with full_tmpfs(tmp_path / "small") as mount:
+        probe = FakeProbe("runqueue", script(ids, 100, seed=5))
+        config = CollectorConfig(
+            probes=("runqueue",), record_dir=mount / "rec", cgroup_root=resolver.root
+        )
+        messages: list[str] = []
+        agent = build_agent(config, messages.append, export=True)
+        agent.create_probe = lambda name: probe
+        assert agent.exporter is not None
+        agent.start()
+        server = MetricsServer(agent.exporter.exposition, "127.0.0.1", 0)
+        try:
+            for _ in range(3):
+                agent.tick()
+            before = urllib.request.urlopen(server.url, timeout=5).read().decode()
+            fill(mount)
+            ticks = 3
+            # A record can still land in the segment's last partly used page: tick until one
+            # needs a new page.
+            while agent.recording.up and ticks < 100:
+                agent.tick()
+                ticks += 1
+            for _ in range(3):
+                agent.tick()
+            ticks += 3
+            after = urllib.request.urlopen(server.url, timeout=5).read().decode()
+        finally:
+            server.close()
+            agent.close()
+        kept = Recording(mount / "rec").documents()
+    assert 'tailsight_recording_up{reason=""} 1.0' in before
+    assert 'tailsight_recording_up{reason="No space left on device"} 0.0' in after
+    assert "tailsight_recording_errors_total 1.0" in after
+    assert f"tailsight_intervals_total {ticks}.0" in after  # export never stopped
+    (line,) = [m for m in messages if "record" in m]
+    assert "disk full" in line and "keeps serving" in line and "cannot serve" not in line
+    assert 3 <= len(kept) <= ticks - 4  # what was written before the disk filled still reads
+
+
+def serve_process(argv: list[str]) -> subprocess.Popen[str]:
+    command = [str(Path(sys.executable).with_name("tailsight")), "serve", *argv]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_body(
+    proc: subprocess.Popen[str], url: str, needle: str, context: ssl.SSLContext | None = None
+) -> str:
+    deadline = time.monotonic() + 60
+    body = ""
+    while needle not in body:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"{needle!r} not on {url}"
+        time.sleep(0.3)
+        with contextlib.suppress(OSError):
+            body = urllib.request.urlopen(url, timeout=5, context=context).read().decode()
+    return body
+
+
+def stop_process(proc: subprocess.Popen[str]) -> str:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is None:
+        return ""
+    with proc.stderr:
+        return proc.stderr.read()
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_serve_tls_hostile_clients_sigterm_detaches_in_3s(
+    kernel_ready: None, tmp_path: Path
+) -> None:
+    """Issue 10.2 end to end: silent TCP clients, a stalled handshake and slowloris heads on the
+    HTTPS port delay no scrape, and SIGTERM still ends serve (probes detached) within 3 s."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    command += ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run(
+        [*command, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True
+    )
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/metrics"
+    context = ssl.create_default_context(cafile=str(cert))
+    argv = ["--probe", "runqueue", "--listen", f"127.0.0.1:{port}", "--interval", "0.5"]
+    proc = serve_process([*argv, "--tls-cert", str(cert), "--tls-key", str(key)])
+    hostile: list[socket.socket] = []
+    try:
+        wait_for_body(proc, url, "tailsight_runqueue_wait_seconds_count", context)
+        for n in range(30):
+            sock = socket.create_connection(("127.0.0.1", port))
+            if n % 3 == 1:
+                sock.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, no more
+            elif n % 3 == 2:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # plain HTTP on the TLS port
+            hostile.append(sock)
+        for _ in range(3):  # each well inside the 5 s the hostile ones may hold
+            urllib.request.urlopen(url, timeout=2, context=context).read()
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=3) == 0
+        assert time.monotonic() - signalled < 3
+    finally:
+        for sock in hostile:
+            sock.close()
+        stop_process(proc)
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_serve_record_on_full_disk_keeps_serving(kernel_ready: None, tmp_path: Path) -> None:
+    """Issue 10.4 and 10.8 end to end: `serve --record` on a full filesystem goes on serving
+    with tailsight_recording_up 0 and says the recording stopped (not that the listener
+    failed); listening on 0.0.0.0 without TLS or auth gets a warning."""
+    port = free_port()
+    with full_tmpfs(tmp_path / "small") as mount:
+        fill(mount)
+        argv = ["--probe", "runqueue", "--listen", f"0.0.0.0:{port}", "--interval", "0.5"]
+        proc = serve_process([*argv, "--record", str(mount / "rec")])
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            body = wait_for_body(proc, url, "tailsight_recording_up{")
+            wait_for_body(proc, url, "tailsight_intervals_total 4.0")  # still exporting
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            stderr = stop_process(proc)
+    assert 'tailsight_recording_up{reason="No space left on device"} 0.0' in body
+    assert "disk full" in stderr and "cannot serve" not in stderr, stderr
+    assert "warning: /metrics on 0.0.0.0" in stderr, stderr
