@@ -35,6 +35,7 @@ from tailsight.trading_core.itch import (
 )
 
 TICK = 100  # $0.01 in Price(4) units
+MAX_SYMBOLS = 0xFFFF  # locates 1..65535: the 2-byte stock locate
 _NS_PER_HOUR = 3_600_000_000_000
 _NS_PER_MINUTE = 60_000_000_000
 
@@ -79,11 +80,16 @@ def symbol_names(symbols: int | Sequence[str]) -> list[str]:
     """Symbol names for a count (well-known tickers first, then SYM0017-style) or a name list."""
     if not isinstance(symbols, int):
         names = [s.upper() for s in symbols]
+    elif symbols > MAX_SYMBOLS:
+        raise ValueError(f"at most {MAX_SYMBOLS:,} symbols (the stock locate is 2 bytes), "
+                         f"not {symbols:,}")  # fmt: skip
     else:
         names = list(DEFAULT_SYMBOLS[:symbols])
         names += [f"SYM{i:04d}" for i in range(len(names), symbols)]
     if not names or len(set(names)) != len(names) or any(not 0 < len(s) <= 8 for s in names):
         raise ValueError("symbols must be 1..8 characters, unique, at least one")
+    if len(names) > MAX_SYMBOLS:
+        raise ValueError(f"at most {MAX_SYMBOLS:,} symbols (the stock locate is 2 bytes)")
     return names
 
 

@@ -147,10 +147,11 @@ def stats(
     limit: Annotated[int, typer.Option(help="rows per list in the text view")] = 20,
 ) -> None:
     """Message counts by type, symbols, framing errors with offsets, final top of book."""
-    if not file.is_file():
-        typer.echo(f"no such file: {file}", err=True)
-        raise typer.Exit(2)
-    result = file_stats(file)
+    try:
+        result = file_stats(file)
+    except OSError as error:  # itch_file.ItchInputError says what the path is instead
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from error
     typer.echo(json.dumps(result, indent=2) if as_json else _render(result, limit))
     if not result["messages"]:
         raise typer.Exit(1)
@@ -176,7 +177,17 @@ def generate(
     except ValueError as error:
         typer.echo(f"--symbols: {error}", err=True)
         raise typer.Exit(2) from error
-    count = write_itch(out, generate_day(seed, names, messages), gzip=gzip)
+    if out.is_dir():
+        typer.echo(f"error: {out} is a directory; give a file name", err=True)
+        raise typer.Exit(2)
+    if not out.parent.is_dir():
+        typer.echo(f"error: directory {out.parent} does not exist", err=True)
+        raise typer.Exit(2)
+    try:  # write_itch is atomic: a failed write leaves no file behind
+        count = write_itch(out, generate_day(seed, names, messages), gzip=gzip)
+    except OSError as error:
+        typer.echo(f"error: cannot write {out}: {error.strerror or error}", err=True)
+        raise typer.Exit(2) from error
     summary = {"file": str(out), "messages": count, "seed": seed, "symbols": names,
                "bytes": out.stat().st_size}  # fmt: skip
     if as_json:

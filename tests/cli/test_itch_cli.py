@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
@@ -101,3 +103,85 @@ def test_bad_inputs_exit_nonzero(tmp_path: Path) -> None:
     assert runner.invoke(app, ["itch", "stats", str(empty)]).exit_code == 1
     bad = ["itch", "generate", str(tmp_path / "x.itch"), "--symbols", "TOOLONGNAME"]
     assert runner.invoke(app, bad).exit_code == 2
+
+
+# -- issue 10 -------------------------------------------------------------------------------
+
+
+def _counts(messages: list[itch.Message]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for msg in messages:
+        counts[msg.message_type.decode()] = counts.get(msg.message_type.decode(), 0) + 1
+    return counts
+
+
+def test_stats_reads_a_file_whose_length_prefixes_are_all_zero(tmp_path: Path) -> None:
+    # Issue 10 item 9: such a file read as one garbage run of 0 messages.
+    messages = list(generate_day(4, symbols=3, messages=5000))
+    path = tmp_path / "zero.itch"
+    path.write_bytes(b"".join(b"\x00\x00" + itch.encode(m) for m in messages))
+    result = runner.invoke(app, ["itch", "stats", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["messages"] == len(messages)
+    assert {k: v["count"] for k, v in stats["counts"].items()} == _counts(messages)
+    # The deviation is reported once, with its count, not once per message.
+    assert stats["framing"]["counts"] == {"zero_prefixed": len(messages)}
+    assert [i["kind"] for i in stats["framing"]["issues"]] == ["zero_prefixed"]
+    assert stats["book_errors"] == {}
+
+
+def test_stats_on_what_is_not_a_regular_file_says_what_it_is(tmp_path: Path) -> None:
+    # Issue 10 item 14: these said "no such file"; a FIFO would block the open forever.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, what in [(tmp_path, "is a directory"), (fifo, "not a regular file (a FIFO)"),
+                       (Path("/dev/zero"), "not a regular file (a character device)"),
+                       (tmp_path / "missing", "no such file")]:  # fmt: skip
+        result = runner.invoke(app, ["itch", "stats", str(path)])
+        assert result.exit_code == 2, (path, result.output)
+        assert isinstance(result.exception, SystemExit)  # a message, not a traceback
+        assert f"{path}: {what}" in result.output
+
+
+def test_stats_refuses_a_fifo_even_with_a_writer_waiting(tmp_path: Path) -> None:
+    # With a writer the open would succeed, and reading would wait for the writer's bytes.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # holds the FIFO open for writing, writes nothing
+    try:
+        result = runner.invoke(app, ["itch", "stats", str(fifo)])
+    finally:
+        os.close(writer)
+    assert result.exit_code == 2 and "not a regular file" in result.output
+
+
+@pytest.mark.parametrize(
+    ("target", "args", "message"),
+    [
+        ("missing/day.itch", [], "directory {tmp}/missing does not exist"),
+        (".", [], "{tmp} is a directory"),
+        ("day.itch", ["--symbols", "100000"], "at most 65,535 symbols"),
+    ],
+)
+def test_generate_bad_target_or_symbols_is_exit_2_and_writes_nothing(
+    tmp_path: Path, target: str, args: list[str], message: str
+) -> None:
+    # Issue 10 item 13: these were tracebacks (FileNotFoundError, IsADirectoryError, ValueError
+    # from the encoder after part of the day was generated).
+    out = tmp_path / "out"
+    out.mkdir()
+    path = str(out / target).rstrip("/.") if target == "." else str(out / target)
+    result = runner.invoke(app, ["itch", "generate", path, "--messages", "2000", *args])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert message.format(tmp=out) in result.output
+    assert list(out.iterdir()) == []
+
+
+def test_generate_into_an_unwritable_directory_is_exit_2() -> None:
+    # sysfs refuses new files even to root: the temp file cannot be created.
+    result = runner.invoke(app, ["itch", "generate", "/sys/day.itch", "--messages", "100"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "cannot write /sys/day.itch: Permission denied" in result.output
