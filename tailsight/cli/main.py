@@ -2,7 +2,18 @@
 
 import typer
 
-from tailsight.cli import doctor, explain, gate, itch, record, replay, serve, trace, trading
+from tailsight.cli import (
+    dashboards,
+    doctor,
+    explain,
+    gate,
+    itch,
+    record,
+    replay,
+    serve,
+    trace,
+    trading,
+)
 
 app = typer.Typer(
     name="tailsight",
@@ -18,5 +29,6 @@ app.command("replay")(replay.replay)
 app.command("serve")(serve.serve)
 app.command("show")(record.show)
 app.command("trace")(trace.trace)
+app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(itch.app, name="itch")
 app.add_typer(trading.app, name="trading")

@@ -1,0 +1,96 @@
+"""Every metric and label name the dashboards query, in one place: a rename in the exporter
+(``collector/exporter.py``) is a one-line change here, and the panel-query test against a real
+Prometheus fails until it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from tailsight.trading_core.timing import STAGES, TICK_TO_TRADE
+
+# Label of the exact-quantile gauges naming the quantile ("0.99"); and of their window ("60s").
+QUANTILE_LABEL: Final = "quantile"
+WINDOW_LABEL: Final = "window"
+CGROUP: Final = "cgroup"
+VICTIM: Final = "victim"
+AGGRESSOR: Final = "aggressor"
+PROBE: Final = "probe"
+
+
+@dataclass(frozen=True)
+class LatencyMetric:
+    """One latency histogram family of the exporter, ``tailsight_<probe>_<what>_seconds``, and
+    its exact-quantile gauge ``tailsight_<probe>_<what>_quantile_seconds``."""
+
+    probe: str
+    what: str
+    title: str
+    by: tuple[str, ...] = ()  # series labels besides cgroup (legend, grouping)
+
+    @property
+    def base(self) -> str:
+        return f"tailsight_{self.probe}_{self.what}"
+
+    @property
+    def bucket(self) -> str:
+        return f"{self.base}_seconds_bucket"
+
+    @property
+    def count(self) -> str:
+        return f"{self.base}_seconds_count"
+
+    @property
+    def quantile(self) -> str:
+        return f"{self.base}_quantile_seconds"
+
+
+RUNQUEUE_WAIT: Final = LatencyMetric("runqueue", "wait", "Run-queue wait")
+SYSCALL: Final = LatencyMetric("netsyscall", "syscall", "Socket syscall latency", ("syscall",))
+TCP_CONNECT: Final = LatencyMetric("tcpstate", "connect", "TCP connect latency")
+TCP_LIFETIME: Final = LatencyMetric("tcpstate", "lifetime", "TCP connection lifetime")
+TCP_TIME_IN_STATE: Final = LatencyMetric(
+    "tcpstate", "time_in_state", "TCP time in state", ("from_state", "to_state")
+)
+KERNEL_LATENCIES: Final = (RUNQUEUE_WAIT, SYSCALL, TCP_CONNECT, TCP_LIFETIME, TCP_TIME_IN_STATE)
+
+# Counters (Prometheus names, with _total).
+DISPLACED_WAIT: Final = "tailsight_runqueue_displaced_wait_seconds_total"
+DISPLACED_SWITCHES: Final = "tailsight_runqueue_displaced_switches_total"
+SYSCALL_ERRORS: Final = "tailsight_netsyscall_errors_total"  # + syscall, errno
+TCP_RETRANSMITS: Final = "tailsight_tcpstate_tcp_retransmits_total"
+TCP_RETRANSMIT_FAILURES: Final = "tailsight_tcpstate_tcp_retransmit_failures_total"
+MIGRATIONS: Final = "tailsight_migration_task_migrations_total"
+MIGRATIONS_CROSS_NODE: Final = "tailsight_migration_task_migrations_cross_node_total"
+NUMA_MOVES: Final = "tailsight_migration_numa_task_moves_total"
+# Drops of every probe: <probe>_dropped_events{reason} and <probe>_outlier_dropped{reason}.
+DROPPED_NAME_RE: Final = "tailsight_[a-z]+_(dropped_events|outlier_dropped)_total"
+OUTLIER_EVENTS_NAME_RE: Final = "tailsight_[a-z]+_outlier_events_total"
+
+# The agent's own cost.
+BPF_RUN_TIME: Final = "tailsight_bpf_program_run_time_seconds_total"
+BPF_RUNS: Final = "tailsight_bpf_program_runs_total"
+MAP_FILL: Final = "tailsight_map_fill_ratio"
+EXPORT_TIME: Final = "tailsight_interval_export_seconds"
+SCRAPE_TIME: Final = "tailsight_scrape_duration_seconds"
+PROBE_ATTACHED: Final = "tailsight_probe_attached"
+READ_ERRORS: Final = "tailsight_probe_read_errors_total"
+CGROUPS_FOLDED: Final = "tailsight_cgroups_folded"
+INTERVALS: Final = "tailsight_intervals_total"
+
+# Live jump verdicts (item 2 of issue 14): 1 while a jump of the series is active.
+TAIL_JUMP: Final = "tailsight_tail_jump"
+TAIL_JUMP_P99_BEFORE: Final = "tailsight_tail_jump_p99_before_seconds"
+TAIL_JUMP_P99_AFTER: Final = "tailsight_tail_jump_p99_after_seconds"
+TAIL_JUMP_AGGRESSOR_SHARE: Final = "tailsight_tail_jump_aggressor_share"
+
+# Trading: a replay's tailsight.hist/1 document (trading_core/timing.py, probe="replay", one
+# series per stage) as the exporter names it; the feed's counters become replay_<name>_total.
+STAGE_LATENCY: Final = LatencyMetric("replay", "latency", "Stage latency", ("stage",))
+STAGE: Final = "stage"
+PIPELINE_STAGES: Final = STAGES
+TICK_TO_TRADE_STAGE: Final = TICK_TO_TRADE
+FEED_GAPS: Final = "tailsight_replay_gaps_detected_total"
+FEED_RECOVERED: Final = "tailsight_replay_recovered_messages_total"
+FEED_REREQUESTS: Final = "tailsight_replay_rerequests_sent_total"
+FEED_DECODE_ERRORS: Final = "tailsight_replay_decode_errors_total"
