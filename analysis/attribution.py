@@ -111,10 +111,14 @@ def _interval(samples: FloatArray, level: float) -> tuple[FloatArray, FloatArray
 
 
 def _shares(parts: FloatArray) -> FloatArray:
-    """Each column's share of the row total (rows whose total is not positive: nan)."""
-    total = parts.sum(axis=-1, keepdims=True)
+    """Each column's share of the row's *gross rise*: its positive part over the sum of the
+    positive parts, so shares lie in [0, 1] and add up to 1 (a column that fell: 0; rows where
+    nothing rose: nan). Shares of a net excess would exceed 100 % or go negative whenever some
+    part fell (issue 10 #16); what fell is reported in its own units instead."""
+    rises = np.clip(parts, 0.0, None)
+    total = rises.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(total > 0, parts / np.where(total > 0, total, 1.0), math.nan)
+        return np.where(total > 0, rises / np.where(total > 0, total, 1.0), math.nan)
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,14 @@ class TailDecomposition:
     tail_before: float
     tail_after: float
     sources: list[SourceEffect]
+    volume_effect: float
+    """Excess tail events per interval from more (or less) traffic, all sources together."""
+    rate_effect: float
+    """Excess tail events per interval from sources getting slower (or faster)."""
     volume_share: Estimate
     rate_share: Estimate
+    tail_events: int = 0
+    """Tail events in both windows together (how much evidence the split rests on)."""
 
     @property
     def excess(self) -> float:
@@ -214,6 +224,9 @@ class TailDecomposition:
             "tail_before": self.tail_before,
             "tail_after": self.tail_after,
             "excess": self.excess,
+            "volume_effect": self.volume_effect,
+            "rate_effect": self.rate_effect,
+            "tail_events": self.tail_events,
             "volume_share": self.volume_share.to_json(),
             "rate_share": self.rate_share.to_json(),
             "sources": [s.to_json() for s in self.sources],
@@ -273,16 +286,12 @@ def decompose_tail(
     )
     share_point = _shares(vol + rate)
     share_low, share_high = _interval(_shares(boot_vol + boot_rate), level)
-    total_point = float((vol + rate).sum())
-    boot_total = (boot_vol + boot_rate).sum(axis=1)
-
-    def part(boot_values: FloatArray) -> tuple[FloatArray, FloatArray]:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(boot_total[:, None] > 0, boot_values / boot_total[:, None], math.nan)
-        return _interval(ratio, level)
-
-    vol_low, vol_high = part(boot_vol)
-    rate_low, rate_high = part(boot_rate)
+    # Volume and rate terms of every source as shares of all rising terms.
+    terms_point = _shares(np.concatenate([vol, rate]))
+    terms_boot = _shares(np.concatenate([boot_vol, boot_rate], axis=1))
+    terms_low, terms_high = _interval(terms_boot, level)
+    n = len(keys)
+    whole_point = _shares(np.array([vol.sum(), rate.sum()]))
     whole = np.stack([boot_vol.sum(1), boot_rate.sum(1)], axis=1)
     whole_low, whole_high = _interval(_shares(whole), level)
     effects = []
@@ -300,10 +309,10 @@ def decompose_tail(
                 rate_effect=float(rate[s]),
                 share=Estimate(float(share_point[s]), float(share_low[s]), float(share_high[s])),
                 volume_share=Estimate(
-                    _ratio(float(vol[s]), total_point), float(vol_low[s]), float(vol_high[s])
+                    float(terms_point[s]), float(terms_low[s]), float(terms_high[s])
                 ),
                 rate_share=Estimate(
-                    _ratio(float(rate[s]), total_point), float(rate_low[s]), float(rate_high[s])
+                    float(terms_point[n + s]), float(terms_low[n + s]), float(terms_high[n + s])
                 ),
             )
         )
@@ -314,12 +323,11 @@ def decompose_tail(
         tail_before=float(tail[b].sum(1).mean()),
         tail_after=float(tail[a].sum(1).mean()),
         sources=effects,
-        volume_share=Estimate(
-            _ratio(float(vol.sum()), total_point), float(whole_low[0]), float(whole_high[0])
-        ),
-        rate_share=Estimate(
-            _ratio(float(rate.sum()), total_point), float(whole_low[1]), float(whole_high[1])
-        ),
+        tail_events=int(tail[windows.before_start : windows.after_stop].sum()),
+        volume_effect=float(vol.sum()),
+        rate_effect=float(rate.sum()),
+        volume_share=Estimate(float(whole_point[0]), float(whole_low[0]), float(whole_high[0])),
+        rate_share=Estimate(float(whole_point[1]), float(whole_low[1]), float(whole_high[1])),
     )
 
 

@@ -33,6 +33,7 @@ from tailsight.analysis.attribution import (
     displaced_by,
     stack_shifts,
 )
+from tailsight.analysis.causes import Cause, CounterTable, find_causes
 from tailsight.analysis.jumps import JumpConfig, OfflineResult, detect_many
 from tailsight.analysis.quantiles import LabelKey, describe, quantile_name, series_arrays
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
@@ -41,6 +42,10 @@ from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.outliers import short_stack
 
 TEXT_WIDTH: Final = 80
+MIN_SPLIT_EVENTS: Final = 20
+"""Fewest tail events (both windows) on which a split of the rise is printed."""
+MAJORITY: Final = 0.5
+"""An aggregate is explained by one cgroup that holds at least this share of its rise."""
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
 PROBE_WORDS: Final = {
     "runqueue": "run-queue wait",
@@ -62,6 +67,10 @@ class ExplainConfig:
     seed: int = 0
     level: float = DEFAULT_LEVEL
     top: int = 3
+    falls: bool = False
+    """Also report tails that got faster (without causes: a fall has no excess to attribute)."""
+    incident_window: int = 3
+    """Jumps whose changes lie at most this many intervals apart may form one incident."""
     jump: JumpConfig = field(default_factory=JumpConfig)
 
 
@@ -102,51 +111,60 @@ class JumpExplanation:
         whom = labels.get("cgroup", "all cgroups")
         return f"{what} of {whom}" + (f" ({' '.join(rest)})" if rest else "")
 
-    def sentences(self, top: int = 3) -> list[str]:
-        """The jump and its causes in plain words, most important first."""
+    def what(self) -> str:
+        """The symptom in a few words: ``recvfrom`` of a socket syscall series, else the title."""
+        return self.labels.get("syscall") or self.title()
+
+    def change_line(self) -> str:
+        """``run-queue wait of /a rose 40 µs -> 1.2 ms (P99, x30) at 12:00:15 (p=1e-9).``"""
         name = quantile_name(self.quantile).upper()
         verb = "rose" if self.direction == "up" else "fell"
-        out = [
-            f"{self.title()} {verb} {_us(self.before_ns)} -> {_us(self.after_ns)} µs ({name}) "
-            f"at {_clock(self.change_start_ns)} (p={self.p_value:.1g})."
-        ]
+        ratio = _safe_ratio(self)
+        factor = f", x{ratio:,.0f}" if ratio >= 10 else f", x{ratio:.2f}" if ratio != 1 else ""
+        return (
+            f"{self.title()} {verb} {_duration(self.before_ns)} -> {_duration(self.after_ns)} "
+            f"({name}{factor}) at {_clock(self.change_start_ns)} (p={self.p_value:.1g})."
+        )
+
+    def sentences(self, top: int = 3) -> list[str]:
+        """The jump and its causes in plain words, most important first. Shares are of the gross
+        rise (parts that rose), in [0, 1], with the remainder named; parts that fell are given
+        in their own units; a split resting on too few events is not given at all."""
+        out = [self.change_line()]
+        if self.direction != "up":
+            return out  # a faster tail has no excess to attribute
         d = self.decomposition
-        if d.excess > 0:
+        if d.excess > 0 and d.tail_events < MIN_SPLIT_EVENTS:
             out.append(
-                f"Events above {_us(d.threshold_ns)} µs: {d.tail_before:.1f} -> "
-                f"{d.tail_after:.1f} per interval; of the excess {_pct(d.rate_share)} is "
-                f"sources getting slower (rate), {_pct(d.volume_share)} more traffic (volume)."
+                f"Only {d.tail_events} events above {_duration(d.threshold_ns)} in the compared "
+                "windows: too few to split the rise by source or into traffic and slowness."
             )
-            parts = []
-            for rank, source in enumerate(d.sources[:top]):
-                if not source.effect > 0 or (rank and not source.share.low > 0):
-                    break
-                kind = "slower" if source.rate_effect >= source.volume_effect else "more traffic"
-                parts.append(f"{self._source_name(source.source)} {_pct(source.share)} ({kind})")
-            if parts and len(d.sources) > 1:
-                out.append("By source: " + "; ".join(parts) + ".")
-        shown = self.displacement
-        if shown is not None and shown.excess_ns > 0:
-            aggressors = [a for a in shown.aggressors if a.excess_ns > 0][:top]
-            if aggressors:
-                first, *others = aggressors
-                others = [a for a in others if a.share.value >= 0.05]
-                line = (
-                    f"{_pct(first.share)} of the excess run-queue wait of {shown.victim} is time "
-                    f"displaced by {_aggressor(first.aggressor)}"
-                    f"{', new since the change,' if first.new else ''} "
-                    f"({_us(first.wait_before_ns)} -> {_us(first.wait_after_ns)} µs of wait per "
-                    f"interval)"
-                )
-                if others:
-                    # The probe charges a wait to the task that ran just before the victim; under
-                    # background load a brief third task often runs last, so the newcomer that
-                    # caused the wait can rank second: say that it is new.
-                    line += "; then " + ", ".join(
-                        f"{_aggressor(a.aggressor)} {_pct(a.share)}" + (" (new)" if a.new else "")
-                        for a in others
-                    )
-                out.append(line + ".")
+        elif d.excess > 0:
+            volume = "more traffic" if d.volume_effect >= 0 else "less traffic"
+            rate = "sources getting slower" if d.rate_effect >= 0 else "sources getting faster"
+            out.append(
+                f"Events above {_duration(d.threshold_ns)}: {d.tail_before:.1f} -> "
+                f"{d.tail_after:.1f} per interval ({d.excess:+.1f}): {d.rate_effect:+.1f} from "
+                f"{rate}, {d.volume_effect:+.1f} from {volume}."
+            )
+            rising = [x for x in d.sources if x.effect > 0]
+            if len(d.sources) > 1 and rising:
+                parts: list[str] = []
+                shown = 0.0
+                for source in rising[:top]:
+                    if parts and not source.share.low > 0:
+                        break
+                    kind = "slower" if source.rate_effect >= source.volume_effect else "traffic"
+                    name = self._source_name(source.source)
+                    parts.append(f"{name} {_pct(source.share)} ({kind})")
+                    shown += source.share.value
+                rest = len(rising) - len(parts)
+                if rest and _percent(1.0 - shown) != "0%":
+                    parts.append(f"{rest} other{'s' * (rest != 1)} {_percent(1.0 - shown)}")
+                out.append("Share of the rise by source: " + "; ".join(parts) + ".")
+        shown_d = self.displacement
+        if shown_d is not None and shown_d.excess_ns > 0:
+            out.append(_displacement_line(shown_d, top))
         discovered = [s for s in self.stacks if s.discovered and s.excess > 0][:top]
         for rank, stack in enumerate(discovered):
             times = stack.rate_after / stack.rate_before if stack.rate_before else math.inf
@@ -186,6 +204,75 @@ class JumpExplanation:
 
 
 @dataclass(frozen=True)
+class Incident:
+    """Jumps that started together in related cgroups: one headline, its causes, the detail."""
+
+    jumps: list[JumpExplanation]
+    """The series shown, headline first."""
+    folded: list[JumpExplanation]
+    """Aggregates that rose too but are explained by one cgroup of ``jumps`` (not shown)."""
+    causes: list[Cause]
+    """Discovered causes, most likely first."""
+    tested_causes: int
+    cgroups: list[str]
+
+    @property
+    def headline(self) -> JumpExplanation:
+        return self.jumps[0]
+
+    @property
+    def start_ns(self) -> int:
+        return min(j.change_start_ns for j in self.jumps)
+
+    def sentences(self) -> list[str]:
+        """Headline, most likely cause, other candidates."""
+        head = self.headline
+        out = [head.change_line()]
+        if head.direction != "up":
+            return out  # shown on request (--falls); a faster tail has nothing to attribute
+        if self.causes:
+            first, *others = self.causes
+            out.append(f"Likely cause: {first.sentence(head.what(), head.after_ns)}.")
+            if others:
+                out.append("Also changed: " + "; ".join(c.sentence() for c in others[:2]) + ".")
+            return out
+        d = head.decomposition
+        mix = [x for x in d.sources if x.volume_effect > 0 and x.volume_share.value >= MAJORITY]
+        if head.aggregate and mix:
+            source = mix[0]
+            out.append(
+                f"Likely cause: a traffic mix shift: more calls from "
+                f"{head._source_name(source.source)} ({source.volume_before:,.1f} -> "
+                f"{source.volume_after:,.1f} per interval), which was as slow before."
+            )
+        elif self.tested_causes:
+            out.append(
+                f"No cause found: none of {self.tested_causes} candidate signals (retransmits, "
+                "migrations, syscall errors, run-queue displacement) of the cgroups involved "
+                "rose significantly at the same time."
+            )
+        else:
+            out.append(
+                "No cause found: no other signal of these cgroups rose (retransmits, migrations, "
+                "syscall errors and run-queue displacement need their probes)."
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return {
+            "start_ns": self.start_ns,
+            "headline": dict(self.headline.series),
+            "cgroups": self.cgroups,
+            "summary": self.sentences(),
+            "causes": [c.to_json() for c in self.causes],
+            "tested_causes": self.tested_causes,
+            "jumps": [dict(j.series) for j in self.jumps],
+            "folded": [dict(j.series) for j in self.folded],
+        }
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything ``tailsight explain`` says about one range of a recording."""
 
@@ -196,6 +283,9 @@ class Report:
     tested: int
     jumps: list[JumpExplanation]
     config: ExplainConfig
+    incidents: list[Incident] = field(default_factory=list)
+    falls_hidden: int = 0
+    """Confirmed falls left out (``ExplainConfig.falls`` off)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict (nan and inf -> None, so strict JSON parsers accept it)."""
@@ -207,7 +297,9 @@ class Report:
                 "selector": dict(self.selector),
                 "tested": self.tested,
                 "fdr": self.config.fdr,
+                "incidents": [i.to_json() for i in self.incidents],
                 "jumps": [j.to_json() for j in self.jumps],
+                "falls_hidden": self.falls_hidden,
             }
         )
         return cleaned
@@ -219,27 +311,54 @@ class Report:
         start = datetime.fromtimestamp(self.start_ns / 1e9, UTC)
         span_s = (self.end_ns - self.start_ns) / 1e9
         found = len(self.jumps)
-        return (
+        incidents = len(self.incidents)
+        line = (
             f"{self.intervals} intervals, {span_s:,.1f} s from {start:%Y-%m-%d %H:%M:%S} UTC: "
-            f"{self.tested} tests, {found} jump{'s' * (found != 1)} (FDR {self.config.fdr:.0%})."
+            f"{self.tested} tests, {incidents} incident{'s' * (incidents != 1)} "
+            f"({found} jump{'s' * (found != 1)}, FDR {self.config.fdr:.0%})."
         )
+        if self.falls_hidden:
+            line += f" {self.falls_hidden} tail{'s' * (self.falls_hidden != 1)} got faster"
+            line += " (not shown; --falls)."
+        return line
 
     def render_text(self, width: int = TEXT_WIDTH) -> str:
         """The report for a terminal: every line at most ``width`` columns."""
         lines = textwrap.wrap(self.headline(), width)
-        for n, jump in enumerate(self.jumps, 1):
+
+        def add(sentence: str, lead: str, indent: str) -> None:
+            lines.extend(
+                textwrap.wrap(
+                    sentence,
+                    width,
+                    initial_indent=lead,
+                    subsequent_indent=indent,
+                    break_on_hyphens=False,
+                    break_long_words=True,
+                )
+            )
+
+        for n, incident in enumerate(self.incidents, 1):
             lines.append("")
-            for k, sentence in enumerate(jump.sentences(self.config.top)):
-                lead = f"{n}. " if k == 0 else "   "
-                lines.extend(
-                    textwrap.wrap(
-                        sentence,
-                        width,
-                        initial_indent=lead,
-                        subsequent_indent="   ",
-                        break_on_hyphens=False,
-                        break_long_words=True,
-                    )
+            for k, sentence in enumerate(incident.sentences()):
+                add(sentence, f"{n}. " if k == 0 else "   ", "   ")
+            for m, jump in enumerate(incident.jumps):
+                said = jump.sentences(self.config.top)
+                if m == 0:  # its first line is the incident's headline
+                    for sentence in said[1:]:
+                        add(sentence, "   ", "   ")
+                    continue
+                letter = f"   {chr(ord('a') + m % 26)}) "
+                lines.append("")
+                for k, sentence in enumerate(said):
+                    add(sentence, letter if k == 0 else "      ", "      ")
+            if incident.folded:
+                add(
+                    "Aggregates that rose with it (explained by the cgroups above): "
+                    + "; ".join(j.title() for j in incident.folded)
+                    + ".",
+                    "   ",
+                    "   ",
                 )
         return "\n".join(lines) + "\n"
 
@@ -329,21 +448,136 @@ def explain_documents(
         held = best.get(result.series)
         if held is None or result.p_value < held.p_value:
             best[result.series] = result
+    falls = [key for key, result in best.items() if result.direction == "down"]
+    if not config.falls:
+        for key in falls:
+            del best[key]
     jumps = [
         _explain_one(documents, starts, leaves, tested[key], arrays[key], result, config)
         for key, result in best.items()
     ]
-    # Series before aggregates: "/trading rose" is the headline, "all cgroups rose" the context.
-    jumps.sort(key=lambda j: (j.aggregate, j.p_value, -abs(math.log(_safe_ratio(j))), j.series))
+    incidents = find_incidents(jumps, CounterTable.of(documents), len(documents), config)
+    shown = [j for incident in incidents for j in incident.jumps]
     return Report(
         start_ns=documents[0].start_ns if documents else None,
         end_ns=documents[-1].end_ns if documents else None,
         intervals=len(documents),
         selector=selector,
         tested=len(results),
-        jumps=jumps,
+        jumps=shown,
         config=config,
+        incidents=incidents,
+        falls_hidden=0 if config.falls else len(falls),
     )
+
+
+# -- incidents -----------------------------------------------------------------------------------
+
+
+def jump_cgroups(jump: JumpExplanation) -> set[str]:
+    """The cgroup of a series; of an all-cgroups aggregate, the cgroups holding most of its rise."""
+    own = jump.labels.get("cgroup")
+    if own is not None:
+        return {own}
+    found: set[str] = set()
+    for source in jump.decomposition.sources:
+        cgroup = dict(source.source).get("cgroup")
+        if cgroup is not None and source.share.value >= 0.2:
+            found.add(cgroup)
+    return found
+
+
+def _explained_by(aggregate: JumpExplanation, cgroups: set[str]) -> bool:
+    """One source of ``aggregate`` in one of ``cgroups`` holds the majority of its rise."""
+    return any(
+        s.share.value >= MAJORITY and dict(s.source).get("cgroup") in cgroups
+        for s in aggregate.decomposition.sources
+    )
+
+
+def find_incidents(
+    jumps: Sequence[JumpExplanation],
+    table: CounterTable,
+    intervals: int,
+    config: ExplainConfig,
+) -> list[Incident]:
+    """Group jumps that start within ``config.incident_window`` intervals and share a cgroup
+    (directly, or through a cause found in the other's cgroup, e.g. retransmits at the other end
+    of a connection); one incident per group, causes tested across probes for its cgroups."""
+    rises = [j for j in jumps if j.direction == "up"]
+    groups = _group(rises, [jump_cgroups(j) for j in rises], config.incident_window)
+    # A discovered cause in another cgroup (a TCP peer) links that cgroup's jumps in.
+    reach = []
+    for members in groups:
+        cgroups = set().union(*(jump_cgroups(rises[m]) for m in members))
+        causes, _ = _causes(rises, members, cgroups, table, intervals, config)
+        reach.append(cgroups | {c.cgroup for c in causes})
+    merged = _group([rises[g[0]] for g in groups], reach, config.incident_window)
+    incidents = []
+    for parts in merged:
+        members = sorted(m for p in parts for m in groups[p])
+        incidents.append(_incident(rises, members, table, intervals, config))
+    falls = [j for j in jumps if j.direction != "up"]
+    for fall in falls:  # reported on request only, never with causes
+        incidents.append(Incident([fall], [], [], 0, sorted(jump_cgroups(fall))))
+    incidents.sort(key=lambda i: (i.start_ns, i.headline.direction != "up", i.headline.series))
+    return incidents
+
+
+def _group(
+    jumps: Sequence[JumpExplanation], cgroups: Sequence[set[str]], window: int
+) -> list[list[int]]:
+    """Connected components of 'close in time and sharing a cgroup' (union-find)."""
+    parent = list(range(len(jumps)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(jumps)):
+        for k in range(i):
+            close = abs(jumps[i].change_index - jumps[k].change_index) <= window
+            if close and cgroups[i] & cgroups[k]:
+                parent[root(i)] = root(k)
+    found: dict[int, list[int]] = {}
+    for i in range(len(jumps)):
+        found.setdefault(root(i), []).append(i)
+    return sorted(found.values(), key=lambda g: min(jumps[i].change_index for i in g))
+
+
+def _causes(
+    jumps: Sequence[JumpExplanation],
+    members: Sequence[int],
+    cgroups: set[str],
+    table: CounterTable,
+    intervals: int,
+    config: ExplainConfig,
+) -> tuple[list[Cause], int]:
+    change = min(jumps[m].change_index for m in members)
+    windows = Windows.around(change, intervals, config.window_intervals)
+    candidates = find_causes(table, windows, cgroups, config.fdr)
+    return [c for c in candidates if c.discovered], len(candidates)
+
+
+def _incident(
+    jumps: Sequence[JumpExplanation],
+    members: Sequence[int],
+    table: CounterTable,
+    intervals: int,
+    config: ExplainConfig,
+) -> Incident:
+    chosen = [jumps[m] for m in members]
+    leaves = [j for j in chosen if not j.aggregate]
+    leaf_cgroups = set().union(set(), *(jump_cgroups(j) for j in leaves))
+    folded = [j for j in chosen if j.aggregate and _explained_by(j, leaf_cgroups)]
+    shown = [j for j in chosen if j not in folded]
+    # Headline: the series that moved most (a leaf before an aggregate).
+    shown.sort(key=lambda j: (j.aggregate, -abs(math.log(_safe_ratio(j))), j.p_value, j.series))
+    cgroups = set().union(*(jump_cgroups(j) for j in chosen))
+    causes, tested = _causes(jumps, members, cgroups, table, intervals, config)
+    return Incident(shown, folded, causes, tested, sorted(cgroups))
 
 
 def _explain_one(
@@ -409,11 +643,51 @@ def _explain_one(
 # -- words ---------------------------------------------------------------------------------------
 
 
-def _us(value_ns: float) -> str:
+def _duration(value_ns: float) -> str:
+    """``4.2 µs``, ``165 µs``, ``1.2 ms``, ``324 ms``, ``2.5 s``."""
     if not math.isfinite(value_ns):
         return "-"
-    value_us = value_ns / 1e3
-    return f"{value_us:,.0f}" if value_us >= 10 else f"{value_us:.1f}"
+    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+        if abs(value_ns) >= scale or unit == "µs":
+            value = value_ns / scale
+            return f"{value:,.0f} {unit}" if abs(value) >= 10 else f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _displacement_line(shown: Displacement, top: int) -> str:
+    """Who added the victim's extra displaced wait: shares of the rise, the remainder, the falls."""
+    rising = [a for a in shown.aggressors if a.excess_ns > 0]
+    gross = sum(a.excess_ns for a in rising)
+    line = (
+        f"Run-queue wait of {shown.victim} displaced by other tasks: "
+        f"{_duration(shown.wait_before_ns)} -> {_duration(shown.wait_after_ns)} per interval; "
+        "of the rise,"
+    )
+    parts: list[str] = []
+    total = 0.0
+    for rank, a in enumerate(rising[:top]):
+        if rank and a.share.value < 0.05:
+            break
+        # The probe charges a wait to the task that ran just before the victim; under background
+        # load a brief third task often runs last, so the newcomer that caused the wait can rank
+        # second: say that it is new.
+        parts.append(
+            f"{_pct(a.share)} was displaced by {_aggressor(a.aggressor, shown.victim)}"
+            f"{' (new)' if a.new else ''} ({_duration(a.wait_before_ns)} -> "
+            f"{_duration(a.wait_after_ns)})"
+        )
+        total += a.share.value
+    rest = len(rising) - len(parts)
+    if rest and _percent(1.0 - total) != "0%":
+        parts.append(f"{_percent(1.0 - total)} by {rest} other{'s' * (rest != 1)}")
+    line += " " + "; ".join(parts)
+    fell = [a for a in shown.aggressors if a.excess_ns < -0.05 * gross]
+    if fell:
+        line += "; less time went to " + ", ".join(
+            f"{_aggressor(a.aggressor, shown.victim)} ({_duration(a.excess_ns)})"
+            for a in fell[:top]
+        )
+    return line + "."
 
 
 def _pct(estimate: Estimate) -> str:
@@ -433,8 +707,10 @@ def _clock(time_ns: int) -> str:
     return f"{datetime.fromtimestamp(time_ns / 1e9, UTC):%H:%M:%S}"
 
 
-def _aggressor(name: str) -> str:
-    return "an idle CPU (nobody)" if name == IDLE_CGROUP_NAME else name
+def _aggressor(name: str, victim: str = "") -> str:
+    if name == IDLE_CGROUP_NAME:
+        return "an idle CPU (nobody)"
+    return f"{name} (its own cgroup)" if name == victim else name
 
 
 def _safe_ratio(jump: JumpExplanation) -> float:

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.attribution import Estimate
+from tailsight.analysis.causes import Cause
 from tailsight.analysis.explain import PLOT_QUANTILES, JumpExplanation, Report, view_counts
 from tailsight.analysis.quantiles import quantile_name
 from tailsight.hist import BUCKET_WIDTH_NS, LINEAR_BUCKETS
@@ -53,19 +54,36 @@ def render_html(
     if report.selector:
         selected = ",".join(f"{k}={v}" for k, v in sorted(report.selector.items()))
         body.append(f"<p>Series filter: <code>{_e(selected)}</code></p>")
-    for n, jump in enumerate(report.jumps, 1):
-        body.append(f"<h2>{n}. {_e(jump.title())}</h2>")
-        body.append("<ul>")
-        body.extend(f"<li>{_e(line)}</li>" for line in jump.sentences(report.config.top))
+    level = f"{report.config.level:.0%}"
+    for n, incident in enumerate(report.incidents, 1):
+        head = incident.headline
+        body.append(f'<section data-role="incident"><h2>{n}. {_e(head.title())}</h2>')
+        body.append("<ul>")  # the headline and its cause first
+        body.extend(f"<li>{_e(line)}</li>" for line in incident.sentences())
         body.append("</ul>")
-        level = f"{report.config.level:.0%}"
-        body.append("<p>Quantiles per interval; shaded: the windows compared.</p>")
-        body.append(quantile_plot(jump))
-        body.append("<p>Histogram per interval (colour: log of the count).</p>")
-        counts = view_counts(documents, jump.series, report.selector)
-        body.append(heatmap(counts, jump))
-        body.append(f"<p>Shares of the excess (bars) with {level} bootstrap intervals.</p>")
-        body.append(share_bars(jump))
+        if incident.causes:
+            cause = incident.causes[0]
+            body.append("<p>The symptom (quantiles per interval) and the cause's signal.</p>")
+            body.append('<div style="display:flex;flex-wrap:wrap;gap:1em">')
+            body.append(quantile_plot(head, PLOT_W // 2))
+            body.append(cause_plot(cause, head, PLOT_W // 2))
+            body.append("</div>")
+        for m, jump in enumerate(incident.jumps):
+            body.append(f"<h3>{n}{chr(ord('a') + m % 26)}. {_e(jump.title())}</h3>")
+            body.append("<ul>")
+            body.extend(f"<li>{_e(line)}</li>" for line in jump.sentences(report.config.top))
+            body.append("</ul>")
+            body.append("<p>Quantiles per interval; shaded: the windows compared.</p>")
+            body.append(quantile_plot(jump))
+            body.append("<p>Histogram per interval (colour: log of the count).</p>")
+            counts = view_counts(documents, jump.series, report.selector)
+            body.append(heatmap(counts, jump))
+            body.append(f"<p>Shares of the rise (bars) with {level} bootstrap intervals.</p>")
+            body.append(share_bars(jump))
+        if incident.folded:
+            names = "; ".join(j.title() for j in incident.folded)
+            body.append(f"<p>Aggregates that rose with it (explained above): {_e(names)}.</p>")
+        body.append("</section>")
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8" />'
@@ -92,7 +110,43 @@ def write_report(path: Path, page: str) -> None:
         raise
 
 
-def quantile_plot(jump: JumpExplanation) -> str:
+def cause_plot(cause: Cause, jump: JumpExplanation, width: int = PLOT_W) -> str:
+    """The cause's signal per interval (linear axis from 0), the symptom's change marked."""
+    values = np.asarray(cause.values, dtype=np.float64)
+    intervals = max(values.size, 1)
+    top = float(values.max()) if values.size and values.max() > 0 else 1.0
+    span = PLOT_H - MARGIN_B - PLOT_TOP
+
+    def x(t: float) -> float:
+        return MARGIN_L + (t + 0.5) / intervals * (width - MARGIN_L - 10)
+
+    def y(value: float) -> float:
+        return PLOT_TOP + (1.0 - value / (top * 1.1)) * span
+
+    unit = " ns" if cause.kind == "displacement" else ""
+    parts = [_svg_open(width, PLOT_H, f"cause: {cause.kind} in {cause.cgroup}")]
+    parts.append(f'<text x="{MARGIN_L}" y="14">{_e(cause.kind)} in {_e(cause.cgroup)}</text>')
+    parts.append(
+        f'<text x="{MARGIN_L - 4}" y="{y(top):.1f}" text-anchor="end">{top:,.0f}{unit}</text>'
+    )
+    parts.append(f'<text x="{MARGIN_L - 4}" y="{y(0):.1f}" text-anchor="end">0</text>')
+    parts.extend(_time_axis(jump.starts_ns, x, PLOT_H - MARGIN_B, width))
+    points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in enumerate(values))
+    parts.append(
+        f'<polyline data-series="cause" points="{points}" fill="none" stroke="#f58518" '
+        'stroke-width="1.5" />'
+    )
+    mark = x(jump.change_index - 0.5)
+    parts.append(
+        f'<line data-role="change" data-index="{jump.change_index}" x1="{mark:.1f}" '
+        f'y1="{PLOT_TOP}" x2="{mark:.1f}" y2="{PLOT_TOP + span}" stroke="#000" '
+        'stroke-dasharray="4 3" />'
+    )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def quantile_plot(jump: JumpExplanation, width: int = PLOT_W) -> str:
     """Quantiles per interval on a log axis; before/after windows shaded, the change marked."""
     values = np.array(jump.interval_quantiles_ns, dtype=np.float64).reshape(-1, len(PLOT_QUANTILES))
     intervals = values.shape[0]
@@ -102,13 +156,13 @@ def quantile_plot(jump: JumpExplanation) -> str:
     lo, hi = math.log10(low_us), math.log10(high_us)
 
     def x(t: float) -> float:
-        return MARGIN_L + (t + 0.5) / max(intervals, 1) * (PLOT_W - MARGIN_L - 10)
+        return MARGIN_L + (t + 0.5) / max(intervals, 1) * (width - MARGIN_L - 10)
 
     def y(value_ns: float) -> float:
         level = (math.log10(value_ns / 1e3) - lo) / (hi - lo)
         return PLOT_TOP + (1.0 - level) * (PLOT_H - MARGIN_B - PLOT_TOP)
 
-    parts = [_svg_open(PLOT_W, PLOT_H, "quantiles over time")]
+    parts = [_svg_open(width, PLOT_H, "quantiles over time")]
     w = jump.windows
     left = x(w.before_start - 0.5)
     mid = x(w.change - 0.5)
@@ -116,8 +170,8 @@ def quantile_plot(jump: JumpExplanation) -> str:
     span = PLOT_H - MARGIN_B - PLOT_TOP
     parts.append(_rect(left, PLOT_TOP, mid - left, span, "#eef3f8", "window-before"))
     parts.append(_rect(mid, PLOT_TOP, right - mid, span, "#fbeeee", "window-after"))
-    parts.extend(_log_axis(lo, hi, y))
-    parts.extend(_time_axis(jump.starts_ns, x, PLOT_H - MARGIN_B))
+    parts.extend(_log_axis(lo, hi, y, width))
+    parts.extend(_time_axis(jump.starts_ns, x, PLOT_H - MARGIN_B, width))
     for k, q in enumerate(PLOT_QUANTILES):
         points = " ".join(
             f"{x(t):.1f},{y(v):.1f}"
@@ -262,7 +316,7 @@ def _rect(x: float, y: float, w: float, h: float, fill: str, role: str = "") -> 
     return f'<rect{extra} x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{fill}" />'
 
 
-def _log_axis(lo: float, hi: float, y: Callable[[float], float]) -> list[str]:
+def _log_axis(lo: float, hi: float, y: Callable[[float], float], width: int = PLOT_W) -> list[str]:
     parts = []
     for power in range(math.floor(lo), math.ceil(hi) + 1):
         for mantissa in (1, 2, 5):
@@ -271,7 +325,7 @@ def _log_axis(lo: float, hi: float, y: Callable[[float], float]) -> list[str]:
                 continue
             py = y(value_us * 1e3)
             parts.append(
-                f'<line x1="{MARGIN_L}" y1="{py:.1f}" x2="{PLOT_W - 10}" y2="{py:.1f}" '
+                f'<line x1="{MARGIN_L}" y1="{py:.1f}" x2="{width - 10}" y2="{py:.1f}" '
                 f'stroke="#ddd" />'
             )
             parts.append(
@@ -281,9 +335,11 @@ def _log_axis(lo: float, hi: float, y: Callable[[float], float]) -> list[str]:
     return parts
 
 
-def _time_axis(starts_ns: Sequence[int], x: Callable[[float], float], base: float) -> list[str]:
+def _time_axis(
+    starts_ns: Sequence[int], x: Callable[[float], float], base: float, width: int = PLOT_W
+) -> list[str]:
     count = len(starts_ns)
-    parts = [f'<line x1="{MARGIN_L}" y1="{base}" x2="{PLOT_W - 10}" y2="{base}" stroke="#888" />']
+    parts = [f'<line x1="{MARGIN_L}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#888" />']
     for t in range(0, count, max(1, count // 6)):
         moment = datetime.fromtimestamp(starts_ns[t] / 1e9, UTC)
         parts.append(

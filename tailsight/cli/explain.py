@@ -31,12 +31,16 @@ def explain(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write an offline HTML report here.")
     ] = None,
+    falls: Annotated[
+        bool, typer.Option("--falls", help="Also list tails that got faster (no causes).")
+    ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
 ) -> None:
-    """Find tail jumps and explain them: when, which series, P99 before/after, causes."""
+    """Find tail rises, group them into incidents and explain each: when, what rose, by how much,
+    the most likely cause across probes, then the per-series detail."""
     from tailsight.analysis.explain import ExplainConfig, explain_documents
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
-    from tailsight.cli.record import parse_time
+    from tailsight.cli.record import cannot_read, parse_time, report_problems
     from tailsight.collector.store import Recording
 
     try:
@@ -46,9 +50,11 @@ def explain(
         raise typer.BadParameter(str(error)) from error
     try:
         store = Recording(recording)
+        documents = store.documents()
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error), param_hint="RECORDING") from error
-    documents = store.documents()
+    except OSError as error:
+        cannot_read(recording, error)
     if documents and (since is not None or until is not None):
         first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
         since_ns = None if since is None else parse_time(since, first_ns, last_ns)
@@ -59,15 +65,16 @@ def explain(
             if (since_ns is None or d.end_ns > since_ns)
             and (until_ns is None or d.start_ns < until_ns)
         ]
-    report = explain_documents(documents, selector, ExplainConfig(quantiles=qs, seed=seed))
+    report = explain_documents(
+        documents, selector, ExplainConfig(quantiles=qs, seed=seed, falls=falls)
+    )
     # The report goes out first: a bad --html path must not cost the reader the analysis.
     if json_output:
         sys.stdout.write(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
     else:
         sys.stdout.write(report.render_text())
     sys.stdout.flush()
-    if store.skipped_bytes:
-        print(f"skipped {store.skipped_bytes} torn or corrupt bytes", file=sys.stderr)
+    report_problems(store)
     if html is not None:
         from tailsight.analysis.report_html import render_html, write_report
 

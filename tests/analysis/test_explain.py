@@ -212,3 +212,82 @@ def test_html_is_self_contained_and_marks_the_jump() -> None:
     bars = [r for r in _elements(root, "rect") if r.get("data-role") == "share"]
     assert bars
     assert "run-queue wait of /trading" in page
+
+
+# -- issue 10 #16: falls, shares out of range ---------------------------------------------------
+
+
+def hog_documents(seed: int = 11, intervals: int = 60, change_at: int = 30) -> list[HistDocument]:
+    """At ``change_at`` /hog starts displacing /victim (victim's tail rises); the idle CPU time
+    the victim used to get falls (the idle 'aggressor' loses displaced wait), and /hog's own
+    run-queue tail falls (it now runs on a CPU it used to share with a third, stopped job)."""
+    rng = np.random.default_rng(seed)
+    calm = LatencyModel()
+    slow = calm.with_component(0.05, 400_000.0, 0.3)
+    documents = []
+    for t in range(intervals):
+        late = t >= change_at
+        series = [
+            Series(
+                {"probe": "runqueue", "cgroup": "/victim"}, _hist(slow if late else calm, rng, 3000)
+            ),
+            Series(
+                {"probe": "runqueue", "cgroup": "/hog"}, _hist(calm if late else slow, rng, 3000)
+            ),
+        ]
+        waits = {"/hog": 20e6 if late else 0.0, "idle": 1e6 if late else 4e6, "/": 1e6}
+        counters = []
+        for aggressor, mean_ns in waits.items():
+            labels = {"probe": "runqueue", "victim": "/victim", "aggressor": aggressor}
+            value = int(rng.gamma(8.0, mean_ns / 8)) if mean_ns else 0
+            counters.append(Counter("runqueue_displaced_wait_ns", labels, value))
+            switches = int(rng.poisson(50)) if mean_ns else 0
+            counters.append(Counter("runqueue_displaced_switches", labels, switches))
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    return documents
+
+
+PERCENT = re.compile(r"(-?\d+)%")
+
+
+def test_falls_are_not_jumps_by_default() -> None:
+    """Regression (issue 10 #16): the hog's falling P99 was reported as a jump and then
+    'explained' with the victim's displacement."""
+    documents = hog_documents()
+    report = explain_documents(documents, config=ExplainConfig(n_boot=200))
+    assert [j.labels.get("cgroup") for j in report.jumps] == ["/victim"]
+    assert all(j.direction == "up" for j in report.jumps)
+    assert report.falls_hidden == 1
+    words = " ".join(report.render_text().split())
+    assert "/hog rose" not in words and "/hog fell" not in words
+    assert "1 tail got faster (not shown; --falls)" in words
+    # On request the fall is listed, alone and without causes.
+    shown = explain_documents(documents, config=ExplainConfig(n_boot=200, falls=True))
+    falls = [i for i in shown.incidents if i.headline.direction == "down"]
+    assert [i.headline.labels["cgroup"] for i in falls] == ["/hog"]
+    assert falls[0].causes == [] and len(falls[0].headline.sentences()) == 1
+    assert "run-queue wait of /hog fell" in " ".join(shown.render_text().split())
+
+
+def test_shares_stay_in_range_and_falls_are_said_in_units() -> None:
+    """Regression (issue 10 #16): with idle's displaced wait falling, /hog's share of the net
+    excess was 117 % and idle's -13 %. Shares are now of the gross rise, in [0, 1], summing to 1;
+    what fell is said in milliseconds."""
+    report = explain_documents(hog_documents(), config=ExplainConfig(n_boot=200))
+    jump = report.jumps[0]
+    assert jump.displacement is not None
+    shares = {a.aggressor: a.share for a in jump.displacement.aggressors}
+    for share in shares.values():
+        assert 0.0 <= share.value <= 1.0
+        assert 0.0 <= share.low <= share.value <= share.high <= 1.0 or math.isnan(share.low)
+    assert math.isclose(sum(s.value for s in shares.values()), 1.0)
+    # Ground truth: /hog went 0 -> 20 ms, / stayed at 1 ms, idle fell 4 -> 1 ms per interval.
+    assert shares["/hog"].value > 0.9 and shares["idle"].value == 0.0
+    text = report.render_text()
+    percents = [int(p) for p in PERCENT.findall(text)]
+    assert percents and all(0 <= p <= 100 for p in percents), text
+    words = " ".join(text.split())
+    assert "displaced by /hog (new)" in words
+    assert "less time went to an idle CPU (nobody) (-" in words
+    assert "Likely cause: /victim waited for CPUs held by /hog, new since the change" in words

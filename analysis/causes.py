@@ -1,0 +1,249 @@
+"""Causes across probes: which other signal of an incident's cgroups changed at the same time?
+
+Every candidate compares the same before/after windows as the symptom (per-interval rates):
+
+- **counters** (:data:`COUNTER_CAUSES`): TCP retransmits and retransmit failures, task migrations
+  (cross-CPU, cross-node), socket syscall errors by (syscall, errno). One-sided conditional
+  binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
+- **run-queue displacement**: each aggressor's displaced wait of an incident cgroup
+  (``runqueue_displaced_wait_ns``), one-sided Mann-Whitney test of after > before per interval.
+  An aggressor equal to the victim is another task of the victim's own cgroup.
+
+Benjamini-Hochberg at ``fdr`` runs across all candidates of an incident; the discoveries are ranked
+by effect size, the log of the smoothed after/before rate ratio. TCP counters are also tested in
+cgroups outside the incident: the probes do not record which cgroup holds the other end of a
+connection, so retransmits that rise at the same time elsewhere are reported as "probably the
+peer" and merge that cgroup's jumps into the incident.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from tailsight.analysis.attribution import Windows, rate_increase_p_value
+from tailsight.analysis.jumps import benjamini_hochberg
+from tailsight.histfile import HistDocument
+from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.migration import KINDS as MIGRATION_KINDS
+from tailsight.probes.netsyscall import ERRORS
+from tailsight.probes.runqueue import DISPLACED_WAIT
+from tailsight.probes.tcpstate import RETRANSMIT_FAILURES, RETRANSMITS
+
+MIGRATIONS: Final = MIGRATION_KINDS[0]
+CROSS_NODE_MIGRATIONS: Final = MIGRATION_KINDS[1]
+COUNTER_CAUSES: Final = {
+    RETRANSMITS: "retransmits",
+    RETRANSMIT_FAILURES: "retransmit_failures",
+    MIGRATIONS: "migrations",
+    CROSS_NODE_MIGRATIONS: "cross_node_migrations",
+    ERRORS: "syscall_errors",
+}
+PEER_COUNTERS: Final = frozenset({RETRANSMITS, RETRANSMIT_FAILURES})
+"""Counters tested in every cgroup: a connection's other end may sit in any of them."""
+MIN_RTO_NS: Final = 200e6  # TCP_RTO_MIN on Linux
+WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One signal that changed with the symptom: per-interval means before and after."""
+
+    kind: str
+    cgroup: str
+    labels: dict[str, str]
+    before: float
+    after: float
+    total_before: float
+    total_after: float
+    p_value: float
+    effect: float
+    """Log of the smoothed after/before ratio: the ranking key."""
+    values: tuple[float, ...] = ()
+    """The signal per interval over the whole range (for plots)."""
+    peer: bool = False
+    """Outside the incident's cgroups (TCP counters only): probably the other end."""
+    discovered: bool = False
+
+    @property
+    def new(self) -> bool:
+        return self.total_before == 0 and self.total_after > 0
+
+    def sentence(self, symptom: str = "", symptom_after_ns: float = math.nan) -> str:
+        """The mechanism in words."""
+        where = self.cgroup + (" (probably the other end of the connection)" if self.peer else "")
+        counts = (
+            f"{_count(self.total_after)} in the after window, "
+            f"{_count(self.total_before) if self.total_before else 'none'} before"
+        )
+        if self.kind in ("retransmits", "retransmit_failures"):
+            what = "TCP retransmissions" if self.kind == "retransmits" else "failed retransmissions"
+            line = f"{symptom + ' waited on ' if symptom else ''}{what}: {counts} in {where}"
+            if symptom_after_ns >= 0.7 * MIN_RTO_NS:
+                line += (
+                    f"; the new tail ({_ms(symptom_after_ns)} ms) is of the order of a TCP "
+                    "retransmission timeout (200 ms minimum, doubling per retry)"
+                )
+            return line
+        if self.kind in ("migrations", "cross_node_migrations"):
+            scope = "across NUMA nodes" if self.kind == "cross_node_migrations" else "between CPUs"
+            return (
+                f"tasks of {where} were moved {scope} {self.before:.1f} -> {self.after:.1f} "
+                "times per interval (each move: a cold cache and a new run queue)"
+            )
+        if self.kind == "syscall_errors":
+            call = self.labels.get("syscall", "syscalls")
+            return (
+                f"{call} in {where} failed with {self.labels.get('errno', '?')} "
+                f"{self.before:.1f} -> {self.after:.1f} times per interval"
+            )
+        if self.kind == "displacement":
+            aggressor = self.labels.get("aggressor", "?")
+            if aggressor == self.cgroup:
+                who = f"another task of {self.cgroup} itself"
+            elif aggressor == IDLE_CGROUP_NAME:
+                who = "an idle CPU (nobody)"
+            else:
+                who = aggressor
+            return (
+                f"{self.cgroup} waited for CPUs held by {who}"
+                f"{', new since the change' if self.new else ''}: displaced wait "
+                f"{_ms(self.before)} -> {_ms(self.after)} ms per interval"
+            )
+        return f"{self.kind} in {where}: {self.before:.1f} -> {self.after:.1f} per interval"
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        return {
+            "kind": self.kind,
+            "cgroup": self.cgroup,
+            "labels": self.labels,
+            "before": self.before,
+            "after": self.after,
+            "total_before": self.total_before,
+            "total_after": self.total_after,
+            "new": self.new,
+            "p_value": self.p_value,
+            "effect": self.effect,
+            "peer": self.peer,
+            "discovered": self.discovered,
+            "sentence": self.sentence(),
+        }
+
+
+@dataclass(frozen=True)
+class CounterTable:
+    """Every counter of a recording range as a per-interval row, read once."""
+
+    rows: dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]]
+
+    @classmethod
+    def of(cls, documents: Sequence[HistDocument]) -> CounterTable:
+        wanted = set(COUNTER_CAUSES) | {DISPLACED_WAIT}
+        rows: dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]] = {}
+        for t, document in enumerate(documents):
+            for counter in document.counters:
+                if counter.name not in wanted:
+                    continue
+                labels = tuple(sorted((k, v) for k, v in counter.labels.items() if k != "probe"))
+                row = rows.setdefault((counter.name, labels), np.zeros(len(documents)))
+                row[t] += counter.value
+        return cls(rows)
+
+
+def find_causes(
+    table: CounterTable,
+    windows: Windows,
+    cgroups: Collection[str],
+    fdr: float = 0.05,
+) -> list[Cause]:
+    """Every candidate cause of the incident's cgroups (and TCP peers), discoveries first,
+    ranked by effect size; BH at ``fdr`` across all of them."""
+    n_before = windows.change - windows.before_start
+    n_after = windows.after_stop - windows.change
+    candidates: list[Cause] = []
+    for (name, key), row in table.rows.items():
+        labels = dict(key)
+        before_row, after_row = row[windows.before], row[windows.after]
+        if name == DISPLACED_WAIT:
+            victim = labels.get("victim", "")
+            if victim not in cgroups or not after_row.sum() > before_row.sum() * n_after / n_before:
+                continue
+            p_value = _shift_up_p_value(before_row, after_row)
+            before, after = float(before_row.mean()), float(after_row.mean())
+            effect = math.log((after + WAIT_FLOOR_NS) / (before + WAIT_FLOOR_NS))
+            candidates.append(
+                Cause(
+                    kind="displacement",
+                    cgroup=victim,
+                    labels={"aggressor": labels.get("aggressor", "?")},
+                    before=before,
+                    after=after,
+                    total_before=float(before_row.sum()),
+                    total_after=float(after_row.sum()),
+                    p_value=p_value,
+                    effect=effect,
+                    values=tuple(row.tolist()),
+                )
+            )
+            continue
+        cgroup = labels.get("cgroup", "")
+        inside = cgroup in cgroups
+        if not inside and name not in PEER_COUNTERS:
+            continue
+        events_before, events_after = int(before_row.sum()), int(after_row.sum())
+        if events_after * n_before <= events_before * n_after:
+            continue  # not a rise: no candidate
+        p_value = rate_increase_p_value(events_before, events_after, n_before, n_after)
+        effect = math.log(((events_after + 0.5) / n_after) / ((events_before + 0.5) / n_before))
+        candidates.append(
+            Cause(
+                kind=COUNTER_CAUSES[name],
+                cgroup=cgroup,
+                labels={k: v for k, v in labels.items() if k != "cgroup"},
+                before=events_before / n_before,
+                after=events_after / n_after,
+                total_before=events_before,
+                total_after=events_after,
+                p_value=p_value,
+                effect=effect,
+                values=tuple(row.tolist()),
+                peer=not inside,
+            )
+        )
+    if not candidates:
+        return []
+    found = benjamini_hochberg([c.p_value for c in candidates], fdr)
+    ranked = [
+        Cause(**{**c.__dict__, "discovered": bool(f)})
+        for c, f in zip(candidates, found, strict=True)
+    ]
+    ranked.sort(key=lambda c: (not c.discovered, c.peer, -c.effect, c.p_value, c.cgroup))
+    return ranked
+
+
+def _shift_up_p_value(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> float:
+    """One-sided Mann-Whitney p-value that per-interval values rose."""
+    from scipy.stats import mannwhitneyu
+
+    if (
+        before.size == 0
+        or after.size == 0
+        or (np.all(before == before[0]) and np.all(after == before[0]))
+    ):
+        return 1.0
+    return float(mannwhitneyu(after, before, alternative="greater").pvalue)
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _ms(value_ns: float) -> str:
+    value_ms = value_ns / 1e6
+    return f"{value_ms:,.0f}" if value_ms >= 10 else f"{value_ms:.1f}"
