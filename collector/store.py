@@ -1,11 +1,18 @@
-"""The recording store: full-resolution interval histograms (one ``tailsight.hist/1`` document per
-interval) in append-only segment files with bounded retention, and a reader that turns a time
-range and a label filter into numpy arrays. Layout and crash rules: ``docs/recording.md``."""
+"""The recording store: full-resolution interval histograms (one interval document per record)
+in append-only, zstd-compressed segment files with bounded retention, one locked writer per
+directory, and a reader that skips and reports whatever is damaged, de-duplicates intervals and
+turns a time range and a label filter into numpy arrays. Layout and crash rules:
+``docs/recording.md``."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import grp
+import json
 import os
+import re
 import struct
 import time
 import zlib
@@ -13,23 +20,37 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
+import zstandard
 
-from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import HistDocument, HistFormatError
+from tailsight.hist import NUM_BUCKETS, Histogram
+from tailsight.histfile import Counter, HistDocument, HistFormatError, Series
 
-SEGMENT_HEADER: Final = b"tailsight.rec/1\n"
-RECORD_MAGIC: Final = b"TSR1"
+SEGMENT_HEADER: Final = b"tailsight.rec/2\n"
+SEGMENT_HEADER_V1: Final = b"tailsight.rec/1\n"
+RECORD_MAGIC: Final = b"TSR2"  # payload: zstd frame of the binary interval layout
+RECORD_MAGIC_V1: Final = b"TSR1"  # payload: tailsight.hist/1 text
 _RECORD_HEAD: Final = struct.Struct("<4sII")  # magic, payload length, crc32(payload)
+_ANY_MAGIC: Final = re.compile(b"TSR[12]")
 SEGMENT_SUFFIX: Final = ".tsrec"
+LOCK_NAME: Final = ".lock"
 MAX_RECORD_BYTES: Final = 256 << 20
 DEFAULT_SEGMENT_BYTES: Final = 64 << 20
 DEFAULT_SEGMENT_S: Final = 3600.0
+ZSTD_LEVEL: Final = 3
+
+_INT64_MAX: Final = 2**63 - 1
+_UINT64_LIMIT: Final = 2**64
+_META_LEN: Final = struct.Struct("<I")
 
 LabelKey = tuple[tuple[str, str], ...]
+
+
+class RecordingBusyError(OSError):
+    """Another writer holds the recording directory's lock."""
 
 
 def segment_name(first_start_ns: int, sequence: int = 0) -> str:
@@ -37,17 +58,175 @@ def segment_name(first_start_ns: int, sequence: int = 0) -> str:
     return f"{first_start_ns:020d}-{sequence:04d}{SEGMENT_SUFFIX}"
 
 
-def encode_record(document: HistDocument) -> bytes:
-    """One record: magic, payload length, CRC-32 of the payload, canonical document text."""
-    payload = document.dumps().encode("utf-8")
-    return _RECORD_HEAD.pack(RECORD_MAGIC, len(payload), zlib.crc32(payload)) + payload
+def encode_record(document: HistDocument, version: int = 2) -> bytes:
+    """One record: magic, payload length, CRC-32 of the payload, payload.
+
+    Version 2 (what writers write) packs the interval in binary and compresses it; a document
+    with a value that does not fit in 64 bits falls back to version 1, the canonical
+    ``tailsight.hist/1`` text that earlier releases wrote."""
+    payload = _pack_interval(document) if version == 2 else None
+    if payload is None:
+        text = document.dumps().encode("utf-8")
+        return _RECORD_HEAD.pack(RECORD_MAGIC_V1, len(text), zlib.crc32(text)) + text
+    compressed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(payload)
+    return _RECORD_HEAD.pack(RECORD_MAGIC, len(compressed), zlib.crc32(compressed)) + compressed
+
+
+def _pack_interval(document: HistDocument) -> bytes | None:
+    """The binary layout of docs/recording.md from the document's own objects (never by
+    re-parsing text); None when a value needs more than 64 bits."""
+    _check_writable(document)
+    series = document.series
+    sums = [s.hist.sum_ns for s in series]
+    values = [c.value for c in document.counters]
+    if max((*sums, *values, document.end_ns), default=0) >= _UINT64_LIMIT:
+        return None
+    meta = {
+        "start_ns": document.start_ns,
+        "end_ns": document.end_ns,
+        "series": [dict(s.labels) for s in series],
+        "counters": [[c.name, dict(c.labels)] for c in document.counters],
+    }
+    meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    nonzero = [np.flatnonzero(s.hist.counts) for s in series]
+    indices = np.concatenate(nonzero) if series else np.zeros(0)
+    counts = (
+        np.concatenate([s.hist.counts[k] for s, k in zip(series, nonzero, strict=True)])
+        if series
+        else np.zeros(0)
+    )
+    return b"".join(
+        (
+            _META_LEN.pack(len(meta_bytes)),
+            meta_bytes,
+            np.array([len(k) for k in nonzero], dtype="<u4").tobytes(),
+            np.array(sums, dtype="<u8").tobytes(),
+            np.array([s.hist.overflow for s in series], dtype="<u8").tobytes(),
+            indices.astype("<u2").tobytes(),
+            counts.astype("<i8").tobytes(),
+            np.array(values, dtype="<u8").tobytes(),
+        )
+    )
+
+
+def _check_writable(document: HistDocument) -> None:
+    """What readers would reject and the objects themselves do not rule out (histograms check
+    their own counts): a writer never writes a record that reads back as damaged."""
+    if not 0 <= document.start_ns <= document.end_ns <= _INT64_MAX:
+        raise HistFormatError(f"interval [{document.start_ns}, {document.end_ns}] is not valid")
+    seen: set[object] = set()
+    for s in document.series:
+        key = _checked_key(s.labels)
+        if key in seen:
+            raise HistFormatError(f"two series with labels {dict(key)}")
+        seen.add(key)
+    for c in document.counters:
+        if not isinstance(c.name, str) or not c.name:
+            raise HistFormatError(f"counter name must be a non-empty string, got {c.name!r}")
+        if not isinstance(c.value, int) or c.value < 0:
+            raise HistFormatError(f"counter {c.name!r}: value {c.value!r} is not a count")
+        counter_key = (c.name, _checked_key(c.labels))
+        if counter_key in seen:
+            raise HistFormatError(f"two counters {c.name!r} with labels {dict(counter_key[1])}")
+        seen.add(counter_key)
+
+
+def _checked_key(labels: Mapping[str, str]) -> LabelKey:
+    for name, value in labels.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise HistFormatError(f"labels must map strings to strings, got {dict(labels)!r}")
+    return _key(labels)
+
+
+def _unpack_interval(payload: bytes) -> HistDocument:
+    """Inverse of :func:`_pack_interval`, validating what a hist/1 reader validates."""
+    if len(payload) < _META_LEN.size:
+        raise HistFormatError("interval payload shorter than its header")
+    (meta_len,) = _META_LEN.unpack_from(payload)
+    offset = _META_LEN.size + meta_len
+    try:
+        meta = json.loads(payload[_META_LEN.size : offset], object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as error:
+        raise HistFormatError(f"interval metadata: {error}") from error
+    if not isinstance(meta, dict) or set(meta) != {"start_ns", "end_ns", "series", "counters"}:
+        raise HistFormatError("interval metadata: wrong fields")
+    start_ns, end_ns = meta["start_ns"], meta["end_ns"]
+    if not all(type(t) is int for t in (start_ns, end_ns)) or not (
+        0 <= start_ns <= end_ns <= _INT64_MAX
+    ):
+        raise HistFormatError(f"interval metadata: bad interval [{start_ns!r}, {end_ns!r}]")
+    labels = meta["series"]
+    counter_meta = meta["counters"]
+    if not isinstance(labels, list) or not isinstance(counter_meta, list):
+        raise HistFormatError("interval metadata: series and counters must be lists")
+    for entry in counter_meta:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise HistFormatError(f"interval metadata: bad counter {entry!r}")
+    n, m = len(labels), len(counter_meta)
+    nnz = _array_at(payload, offset, "<u4", n)
+    offset += 4 * n
+    total = int(nnz.sum(dtype=np.int64))
+    if len(payload) != offset + 16 * n + 10 * total + 8 * m:
+        raise HistFormatError("interval payload length does not match its counts")
+    sums = _array_at(payload, offset, "<u8", n)
+    overflows = _array_at(payload, offset + 8 * n, "<u8", n)
+    offset += 16 * n
+    indices = _array_at(payload, offset, "<u2", total).astype(np.int64)
+    counts = _array_at(payload, offset + 2 * total, "<i8", total)
+    values = _array_at(payload, offset + 10 * total, "<u8", m)
+    rows = np.repeat(np.arange(n), nnz)
+    # Within a series indices ascend strictly; a new series may start anywhere.
+    ascending = np.diff(indices) > 0
+    if (
+        (total and (indices.max() >= NUM_BUCKETS or counts.min() < 0))
+        or np.any(~ascending & (np.diff(rows) == 0))
+        or (n and overflows.max() > _INT64_MAX)
+    ):
+        raise HistFormatError("interval payload: bucket index, count or overflow out of range")
+    dense = np.zeros((n, NUM_BUCKETS), dtype=np.int64)
+    dense[rows, indices] = counts
+    series: list[Series] = []
+    try:
+        for k in range(n):
+            hist = Histogram(dense[k], overflow=int(overflows[k]), sum_ns=int(sums[k]))
+            series.append(Series(_labels(labels[k]), hist))
+    except ValueError as error:
+        raise HistFormatError(f"interval payload: {error}") from error
+    counters = [
+        Counter(name, _labels(counter_labels), int(values[j]))
+        for j, (name, counter_labels) in enumerate(counter_meta)
+    ]
+    document = HistDocument(start_ns, end_ns, series, counters)
+    _check_writable(document)  # duplicates, empty names
+    return document
+
+
+def _array_at(payload: bytes, offset: int, dtype: str, count: int) -> npt.NDArray[Any]:
+    if offset + np.dtype(dtype).itemsize * count > len(payload):
+        raise HistFormatError("interval payload truncated")
+    return np.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise HistFormatError(f"interval metadata: labels must be strings, got {value!r}")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise HistFormatError("interval metadata: duplicate JSON key")
+    return result
 
 
 class RecordingWriter:
-    """Appends interval documents to the newest segment of a directory; one writer per directory.
+    """Appends interval documents to the newest segment of a directory it holds locked.
 
     Every run starts a new segment (a torn tail left by a killed writer stays the last bytes of
-    its own segment). Retention removes whole closed segments, oldest first.
+    its own segment). Retention removes whole closed segments, oldest first. Files are 0600 and a
+    directory it creates 0700; with ``group`` 0640 / 0750 and owned by that group. A failed write
+    raises its ``OSError`` (errno kept, ENOSPC for a full disk) after undoing the partial record.
     """
 
     def __init__(
@@ -58,9 +237,18 @@ class RecordingWriter:
         segment_bytes: int | None = None,
         segment_s: float = DEFAULT_SEGMENT_S,
         fsync: bool = True,
+        group: str | int | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.gid = group_id(group)
+        self.file_mode = 0o600 if self.gid is None else 0o640
+        created = not self.directory.exists()
         self.directory.mkdir(parents=True, exist_ok=True)
+        if created or self.gid is not None:
+            if self.gid is not None:
+                os.chown(self.directory, -1, self.gid)
+            os.chmod(self.directory, 0o700 if self.gid is None else 0o750)  # whatever the umask
+        self._lock_fd: int | None = self._lock()
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         if segment_bytes is None:
@@ -84,6 +272,8 @@ class RecordingWriter:
 
     def append(self, document: HistDocument) -> None:
         """Write one interval; durable on return when ``fsync`` (the default)."""
+        if self._lock_fd is None:
+            raise ValueError(f"recording writer for {self.directory} is closed")
         record = encode_record(document)
         if self._fd is not None and (
             self._segment_size + len(record) > self.segment_bytes
@@ -94,9 +284,13 @@ class RecordingWriter:
         if opened:
             self._open_segment(document.start_ns)
         assert self._fd is not None
-        _write_all(self._fd, record)
-        if self.fsync:
-            os.fsync(self._fd)
+        try:
+            _write_all(self._fd, record)
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError:
+            self._undo_partial_record()
+            raise
         self._segment_size += len(record)
         self.records_written += 1
         self.bytes_written += len(record)
@@ -132,8 +326,13 @@ class RecordingWriter:
         return removed
 
     def close(self) -> None:
-        """Flush and close the current segment; safe to call twice."""
-        self._close_segment()
+        """Flush and close the current segment and release the directory; safe to call twice."""
+        try:
+            self._close_segment()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
 
     def __enter__(self) -> RecordingWriter:
         return self
@@ -141,34 +340,89 @@ class RecordingWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _lock(self) -> int:
+        """flock ``DIR/.lock`` (released by the kernel when the writer dies, however it dies)."""
+        path = self.directory / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.file_mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise RecordingBusyError(
+                errno.EBUSY, f"another writer records there (pid {holder})", str(self.directory)
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._set_mode(fd)
+        with contextlib.suppress(OSError):  # the pid only makes the message above better
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _set_mode(self, fd: int) -> None:
+        if self.gid is not None:
+            os.fchown(fd, -1, self.gid)
+        os.fchmod(fd, self.file_mode)  # exact, whatever the umask
+
     def _open_segment(self, start_ns: int) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
         for sequence in range(10_000):
             path = self.directory / segment_name(start_ns, sequence)
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                fd = os.open(path, flags, self.file_mode)
             except FileExistsError:
                 continue
             break
         else:
             raise FileExistsError(f"no free segment name for start {start_ns} in {self.directory}")
-        _write_all(fd, SEGMENT_HEADER)
-        if self.fsync:
-            os.fsync(fd)
-            _fsync_directory(self.directory)
+        try:
+            self._set_mode(fd)
+            _write_all(fd, SEGMENT_HEADER)
+            if self.fsync:
+                os.fsync(fd)
+                _fsync_directory(self.directory)
+        except BaseException:  # no header-less segment left behind (a full disk, say)
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
         self._fd, self._segment = fd, path
         self._segment_size = len(SEGMENT_HEADER)
         self._segment_opened = time.monotonic()
+
+    def _undo_partial_record(self) -> None:
+        """Cut the segment back to its last complete record; if even that fails, stop using
+        it (readers skip a torn tail)."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._segment_size)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._close_segment()
 
     def _close_segment(self) -> None:
         if self._fd is None:
             return
         fd, self._fd, self._segment = self._fd, None, None
+        self._segment_size = 0
         try:
             if self.fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        self._segment_size = 0
+
+
+def group_id(group: str | int | None) -> int | None:
+    """A group name or id as a gid; ValueError names a group that does not exist."""
+    if group is None or isinstance(group, int):
+        return group
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no group named {group!r}") from None
 
 
 def list_segments(directory: Path | str) -> list[Path]:
@@ -178,18 +432,39 @@ def list_segments(directory: Path | str) -> list[Path]:
     )
 
 
+@dataclass(frozen=True)
+class ReadProblem:
+    """Something a reader skipped: which segment, where (byte offset, if in a segment), why."""
+
+    path: Path
+    offset: int | None
+    reason: str
+    skipped_bytes: int = 0
+
+    def __str__(self) -> str:
+        where = self.path.name if self.offset is None else f"{self.path.name} byte {self.offset}"
+        skipped = f" ({self.skipped_bytes:,} bytes skipped)" if self.skipped_bytes else ""
+        return f"{where}: {self.reason}{skipped}"
+
+
 @dataclass
 class SegmentScan:
-    """What reading one segment found: documents, and bytes skipped as torn or corrupt."""
+    """What reading one segment found: documents, and what was skipped as torn or corrupt."""
 
     path: Path
     documents: list[HistDocument] = field(default_factory=list)
     skipped_bytes: int = 0
     bad_records: int = 0
+    scanned_bytes: int = 0  # bytes checksummed: at most about the segment's size (linear)
+    problems: list[ReadProblem] = field(default_factory=list)
+
+    def skip(self, offset: int | None, length: int, reason: str) -> None:
+        self.skipped_bytes += length
+        self.problems.append(ReadProblem(self.path, offset, reason, length))
 
 
 def scan_segment(path: Path | str) -> SegmentScan:
-    """Every valid record of a segment; a torn tail or corrupt record is skipped, not fatal."""
+    """Every valid record of a segment; whatever is torn or corrupt is skipped and reported."""
     scan = SegmentScan(Path(path))
     scan.documents = list(iter_segment(scan.path, scan))
     return scan
@@ -197,46 +472,99 @@ def scan_segment(path: Path | str) -> SegmentScan:
 
 def iter_segment(path: Path, scan: SegmentScan) -> Iterator[HistDocument]:
     """The documents of a segment one at a time (a segment can hold gigabytes once parsed);
-    what was skipped is added to ``scan``."""
+    what was skipped is added to ``scan``. Reading errors (permissions) raise OSError."""
     data = path.read_bytes()
-    if not data.startswith(SEGMENT_HEADER):
-        # A writer killed while creating the segment leaves a prefix of the header.
-        if SEGMENT_HEADER.startswith(data):
-            scan.skipped_bytes += len(data)
-            return
-        raise HistFormatError(f"{path}: not a tailsight recording segment")
+    header = data[: len(SEGMENT_HEADER)]
+    if len(data) < len(SEGMENT_HEADER) and (
+        SEGMENT_HEADER.startswith(data) or SEGMENT_HEADER_V1.startswith(data)
+    ):
+        if data:  # a writer killed while creating the segment: an empty segment
+            scan.skip(0, len(data), "segment header incomplete (writer killed while creating it)")
+        return
+    found_any = False
+    problems_before = len(scan.problems)
     position = len(SEGMENT_HEADER)
     while position < len(data):
-        found = _record_at(data, position)
-        if found is not None:
+        found = _record_at(data, position, len(data), scan)
+        if isinstance(found, tuple):
+            found_any = True
             yield found[0]
             position = found[1]
             continue
-        # Torn or corrupt: resynchronise at the next magic whose record checks out.
+        # Torn or corrupt: resynchronise at the next magic whose record checks out and ends
+        # before the magic after it, so every byte is checksummed at most once (linear).
         scan.bad_records += 1
-        next_magic = data.find(RECORD_MAGIC, position + 1)
-        while next_magic != -1 and _record_at(data, next_magic) is None:
-            next_magic = data.find(RECORD_MAGIC, next_magic + 1)
-        end = len(data) if next_magic == -1 else next_magic
-        scan.skipped_bytes += end - position
-        position = end
+        reason, candidate = found, _next_magic(data, position + 1)
+        resumed: tuple[HistDocument, int] | None = None
+        while candidate != -1:
+            following = _next_magic(data, candidate + 1)
+            limit = len(data) if following == -1 else following
+            attempt = _record_at(data, candidate, limit, scan)
+            if isinstance(attempt, tuple):
+                resumed = attempt
+                break
+            candidate = following
+        end = len(data) if resumed is None else candidate
+        scan.skip(position, end - position, reason)
+        if resumed is None:
+            break
+        found_any = True
+        yield resumed[0]
+        position = resumed[1]
+    if header not in (SEGMENT_HEADER, SEGMENT_HEADER_V1):
+        if found_any:
+            scan.problems.insert(
+                problems_before,
+                ReadProblem(path, 0, f"damaged segment header {header!r}; records after it read"),
+            )
+        else:  # a stray file: one problem for all of it
+            scan.skipped_bytes -= sum(p.skipped_bytes for p in scan.problems[problems_before:])
+            del scan.problems[problems_before:]
+            scan.skip(0, len(data), "not a tailsight recording segment")
 
 
-def _record_at(data: bytes, position: int) -> tuple[HistDocument, int] | None:
+def _next_magic(data: bytes, start: int) -> int:
+    match = _ANY_MAGIC.search(data, start)
+    return -1 if match is None else match.start()
+
+
+def _record_at(
+    data: bytes, position: int, limit: int, scan: SegmentScan
+) -> tuple[HistDocument, int] | str:
+    """The record at ``position`` if it checks out and ends by ``limit``, else why not."""
     head = _RECORD_HEAD.size
     if len(data) - position < head:
-        return None
+        return "torn record at the end of the segment"
     magic, length, crc = _RECORD_HEAD.unpack_from(data, position)
     end = position + head + length
-    if magic != RECORD_MAGIC or length > MAX_RECORD_BYTES or end > len(data):
-        return None
+    if magic not in (RECORD_MAGIC, RECORD_MAGIC_V1):
+        return f"no record magic (found {data[position : position + 4]!r})"
+    if length > MAX_RECORD_BYTES:
+        return f"record length {length} is beyond any record"
+    if end > len(data):
+        return "torn record at the end of the segment"
+    if end > limit:
+        return "record overlaps the next record"
     payload = data[position + head : end]
+    scan.scanned_bytes += length
     if zlib.crc32(payload) != crc:
-        return None
+        return "record checksum mismatch"
     try:
-        return HistDocument.loads(payload), end
-    except HistFormatError:
-        return None
+        if magic == RECORD_MAGIC_V1:
+            return HistDocument.loads(payload), end
+        return _unpack_interval(_decompress(payload)), end
+    except HistFormatError as error:
+        return f"record does not decode: {error}"
+
+
+def _decompress(payload: bytes) -> bytes:
+    try:
+        size = zstandard.frame_content_size(payload)
+        if not 0 <= size <= MAX_RECORD_BYTES:  # -1: unknown; never written so
+            raise HistFormatError(f"compressed frame of unknown or huge size {size}")
+        return zstandard.ZstdDecompressor().decompress(payload, max_output_size=size)
+    except zstandard.ZstdError as error:
+        raise HistFormatError(f"zstd: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -265,7 +593,12 @@ class CounterArrays:
 
 
 class Recording:
-    """Reads a recording directory (possibly while a writer appends to it)."""
+    """Reads a recording directory (possibly while a writer appends to it).
+
+    Damaged or stray segments are skipped and listed in ``problems``; an interval read twice
+    (same start and end, e.g. a copied segment) counts once; intervals that overlap others are
+    kept and reported. Only a segment that cannot be read at all (permissions) raises OSError.
+    """
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
@@ -273,6 +606,9 @@ class Recording:
             raise FileNotFoundError(f"no recording directory {self.directory}")
         self.skipped_bytes = 0
         self.bad_records = 0
+        self.duplicates = 0
+        self.overlaps = 0
+        self.problems: list[ReadProblem] = []
 
     def documents(
         self, since_ns: int | None = None, until_ns: int | None = None
@@ -284,16 +620,31 @@ class Recording:
         self, since_ns: int | None = None, until_ns: int | None = None
     ) -> Iterator[HistDocument]:
         """:meth:`documents` one at a time, segment by segment (bounded memory)."""
-        self.skipped_bytes = self.bad_records = 0
+        self.skipped_bytes = self.bad_records = self.duplicates = self.overlaps = 0
+        self.problems = []
+        first_seen: dict[tuple[int, int], Path] = {}
+        latest: tuple[int, Path] | None = None  # the latest interval end so far, and where
         for path in list_segments(self.directory):
             if until_ns is not None and _segment_start(path) > until_ns:
                 break
             scan = SegmentScan(path)
+            duplicates: dict[Path, int] = {}
+            overlaps: dict[Path, int] = {}
             try:
                 # The last append sets mtime, after the end of the segment's last interval.
                 if since_ns is not None and path.stat().st_mtime_ns < since_ns:
                     continue
                 for d in iter_segment(path, scan):
+                    interval = (d.start_ns, d.end_ns)
+                    original = first_seen.get(interval)
+                    if original is not None:
+                        duplicates[original] = duplicates.get(original, 0) + 1
+                        continue
+                    first_seen[interval] = path
+                    if latest is not None and d.start_ns < latest[0]:
+                        overlaps[latest[1]] = overlaps.get(latest[1], 0) + 1
+                    if latest is None or d.end_ns > latest[0]:
+                        latest = (d.end_ns, path)
                     if (since_ns is None or d.end_ns >= since_ns) and (
                         until_ns is None or d.start_ns <= until_ns
                     ):
@@ -301,8 +652,37 @@ class Recording:
             except FileNotFoundError:
                 continue  # removed by retention while we read
             finally:
-                self.skipped_bytes += scan.skipped_bytes
-                self.bad_records += scan.bad_records
+                self._add(scan, duplicates, overlaps)
+
+    def _add(
+        self, scan: SegmentScan, duplicates: dict[Path, int], overlaps: dict[Path, int]
+    ) -> None:
+        self.skipped_bytes += scan.skipped_bytes
+        self.bad_records += scan.bad_records
+        self.problems.extend(scan.problems)
+        for original, n in duplicates.items():
+            self.duplicates += n
+            self.problems.append(
+                ReadProblem(
+                    scan.path,
+                    None,
+                    f"{n} intervals already read from {original.name}: counted once",
+                )
+            )
+        for other, n in overlaps.items():
+            self.overlaps += n
+            self.problems.append(
+                ReadProblem(
+                    scan.path,
+                    None,
+                    f"{n} intervals overlap intervals of {other.name} "
+                    "(two writers at once, or the clock stepped back): kept",
+                )
+            )
+
+    def report(self) -> list[str]:
+        """One line per problem of the last read, for people."""
+        return [str(p) for p in self.problems]
 
     def time_bounds(self) -> tuple[int, int] | None:
         """(start of the first interval, end of the last), or None for an empty recording."""

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
 import json
 import math
 import re
@@ -11,11 +14,12 @@ import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
+    from tailsight.collector.store import Recording
     from tailsight.histfile import HistDocument
 
 VIEW_WIDTH: Final = 80
@@ -53,10 +57,17 @@ def record(
     retention_bytes: Annotated[
         int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group", help="Group that may read the recording (0640/0750; default 0600/0700)."
+        ),
+    ] = None,
 ) -> None:
     """Record per-cgroup latency histograms, one document per interval."""
     from tailsight.cli.serve import _check_probes, build_agent, log_to_stderr, stop_on_signals
     from tailsight.collector.config import CollectorConfig
+    from tailsight.collector.store import RecordingWriter
 
     try:
         config = CollectorConfig(
@@ -69,8 +80,21 @@ def record(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     _check_probes(config)
+    # The writer is made here, before anything is attached, so that a bad directory, a busy
+    # one or a bad group is an input error (exit 2) that costs nothing.
+    try:
+        writer = RecordingWriter(
+            directory, max_age_s=retention_age, max_bytes=retention_bytes, group=group
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--group") from error
+    except OSError as error:
+        typer.echo(f"error: cannot record to {directory}: {_reason(error)}", err=True)
+        raise typer.Exit(1 if _disk_full(error) else 2) from None
     stop = threading.Event()
-    agent = build_agent(config, log_to_stderr, export=False)
+    agent = build_agent(dataclasses.replace(config, record_dir=None), log_to_stderr, export=False)
+    agent.writer = writer
+    failure: OSError | None = None
     with stop_on_signals(stop):
         try:
             agent.start()
@@ -79,9 +103,47 @@ def record(
                 raise typer.Exit(1)
             log_to_stderr(f"recording {', '.join(sorted(agent.attached))} to {directory}")
             agent.run(stop, duration)
+        except OSError as error:  # the recording failed (the agent stops on it)
+            failure = error
         finally:
-            agent.close()
-    log_to_stderr(f"{agent.intervals} intervals recorded in {directory}")
+            with contextlib.suppress(OSError):
+                agent.close()
+    if failure is not None:
+        typer.echo(
+            f"error: recording to {directory} stopped: {_reason(failure)}; the "
+            f"{writer.records_written} intervals written before stay readable "
+            f"(tailsight show {directory})",
+            err=True,
+        )
+        raise typer.Exit(1)
+    log_to_stderr(f"{writer.records_written} intervals recorded in {directory}")
+
+
+def _disk_full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _reason(error: OSError) -> str:
+    if _disk_full(error):
+        return "disk full"
+    if isinstance(error, FileExistsError | NotADirectoryError):
+        return "exists and is not a directory"
+    return error.strerror or str(error)
+
+
+def cannot_read(directory: Path, error: OSError) -> NoReturn:
+    """A recording we may not read (permissions): a clear message and exit 2."""
+    where = error.filename or directory
+    hint = " (recordings are 0600: run as their owner, or record with --group)"
+    hint = hint if isinstance(error, PermissionError) else ""
+    typer.echo(f"error: cannot read {where}: {_reason(error)}{hint}", err=True)
+    raise typer.Exit(2)
+
+
+def report_problems(recording: Recording) -> None:
+    """What the last read skipped or merged, one line each on stderr."""
+    for line in recording.report():
+        typer.echo(f"warning: {line}", err=True)
 
 
 def parse_time(text: str, first_ns: int, last_ns: int) -> int:
@@ -225,24 +287,35 @@ def show(
 
     try:
         recording = Recording(directory)
+        since_ns = until_ns = None
+        bounds = recording.time_bounds() if since is not None or until is not None else None
+        if bounds is not None:
+            since_ns = None if since is None else parse_time(since, *bounds)
+            until_ns = None if until is None else parse_time(until, *bounds)
+        documents = (
+            d
+            for d in recording.iter_documents(since_ns, until_ns)
+            # Intervals overlapping the range by more than an endpoint.
+            if (since_ns is None or d.end_ns > since_ns)
+            and (until_ns is None or d.start_ns < until_ns)
+        )
+        summary = summarize(documents)
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error), param_hint="DIR") from error
-    since_ns = until_ns = None
-    bounds = recording.time_bounds() if since is not None or until is not None else None
-    if bounds is not None:
-        since_ns = None if since is None else parse_time(since, *bounds)
-        until_ns = None if until is None else parse_time(until, *bounds)
-    documents = (
-        d
-        for d in recording.iter_documents(since_ns, until_ns)
-        # Intervals overlapping the range by more than an endpoint.
-        if (since_ns is None or d.end_ns > since_ns) and (until_ns is None or d.start_ns < until_ns)
-    )
-    summary = summarize(documents)
+    except OSError as error:
+        cannot_read(directory, error)
     summary["skipped_bytes"] = recording.skipped_bytes
+    summary["problems"] = [
+        {
+            "segment": p.path.name,
+            "offset": p.offset,
+            "reason": p.reason,
+            "skipped_bytes": p.skipped_bytes,
+        }
+        for p in recording.problems
+    ]
     if json_output:
         sys.stdout.write(json.dumps(summary, indent=1) + "\n")
-        return
-    render(summary)
-    if recording.skipped_bytes:
-        print(f"skipped {recording.skipped_bytes} torn or corrupt bytes", file=sys.stderr)
+    else:
+        render(summary)
+    report_problems(recording)

@@ -1,15 +1,22 @@
 """`tailsight show` on a synthetic recording (figures against numpy / merged histograms), time
-parsing, and on the kernel: `tailsight record`, killed with SIGKILL and restarted on the same
-directory, leaves only complete, contiguous intervals with exactly one gap."""
+parsing, damaged and unreadable recordings, bad record targets (exit 2, a message, no
+traceback), and on the kernel: `tailsight record`, killed with SIGKILL and restarted on the same
+directory, leaves only complete, contiguous intervals with exactly one gap; on a full disk it
+says so and keeps what it wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +26,7 @@ from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.record import parse_time
-from tailsight.collector.store import Recording, RecordingWriter
+from tailsight.collector.store import Recording, RecordingWriter, list_segments
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 
@@ -101,6 +108,139 @@ def test_show_missing_directory(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_show_and_explain_report_bad_segments_and_read_the_rest(tmp_path: Path) -> None:
+    samples = write_recording(tmp_path / "one", n=3)
+    write_recording(tmp_path / "two", n=6)
+    later = sorted((tmp_path / "two").glob("*.tsrec"))[0]  # same intervals, own segment
+    shutil.copyfile(later, tmp_path / "one" / later.name.replace("-0000", "-0001"))
+    (tmp_path / "one" / "00000000000000000000-0000.tsrec").write_bytes(bytes(100))
+    (tmp_path / "one" / "00000000000000000001-0000.tsrec").write_text("not a segment\n")
+    good = Recording(tmp_path / "one")
+    result = CliRunner().invoke(app, ["show", str(tmp_path / "one"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["intervals"] == 6  # 3 + the 3 later ones of the copy, none twice
+    busy = next(s for s in summary["series"] if s["labels"]["cgroup"] == "/busy")
+    assert busy["counts"][:3] == [len(v) for v in samples["/busy"]]
+    assert [p["segment"] for p in summary["problems"]] == [
+        "00000000000000000000-0000.tsrec",
+        "00000000000000000001-0000.tsrec",
+        later.name.replace("-0000", "-0001"),
+    ]
+    assert summary["problems"][0] == {
+        "segment": "00000000000000000000-0000.tsrec",
+        "offset": 0,
+        "reason": "not a tailsight recording segment",
+        "skipped_bytes": 100,
+    }
+    assert "3 intervals already read" in summary["problems"][2]["reason"]
+    assert "Traceback" not in result.output
+    for command in (["show"], ["explain"]):
+        result = CliRunner().invoke(app, [*command, str(tmp_path / "one")])
+        assert result.exit_code == 0, result.output
+        assert (
+            "warning: 00000000000000000000-0000.tsrec byte 0: not a tailsight recording segment "
+            "(100 bytes skipped)" in result.stderr
+        )
+        assert "3 intervals already read from" in result.stderr
+    assert len(good.documents()) == 6
+
+
+def test_duplicated_segment_does_not_make_a_jump(tmp_path: Path) -> None:
+    """Issue 10.6: a copy of one segment (one interval) made `explain` see a jump."""
+    rng = np.random.default_rng(5)
+    with RecordingWriter(tmp_path, segment_bytes=1) as writer:  # a segment per interval
+        for t in range(40):
+            values = rng.integers(1_000, 60_000, 400)
+            series = [
+                Series({"probe": "runqueue", "cgroup": "/app"}, Histogram.from_samples(values))
+            ]
+            start = T0_NS + t * SECOND_NS
+            writer.append(HistDocument(start, start + SECOND_NS, series, []))
+    clean = CliRunner().invoke(app, ["explain", str(tmp_path), "--json"])
+    assert clean.exit_code == 0, clean.output
+    for segment in list_segments(tmp_path)[20:30]:
+        shutil.copyfile(segment, segment.with_name(segment.name.replace("-0000", "-0001")))
+    copied = CliRunner().invoke(app, ["explain", str(tmp_path), "--json"])
+    assert copied.exit_code == 0, copied.output
+    assert json.loads(copied.stdout) == json.loads(clean.stdout)
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory another user can reach (pytest's own are 0700), for tests run as nobody."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    directory = Path(tempfile.mkdtemp(prefix="tailsight-public-"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory)
+
+
+def tailsight_as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    executable = str(Path(sys.executable).with_name("tailsight"))
+    return subprocess.run(
+        [executable, *argv], capture_output=True, text=True, user="nobody", timeout=120
+    )
+
+
+def test_show_on_unreadable_recordings_exit_2(public_dir: Path) -> None:
+    tmp_path = public_dir
+    write_recording(tmp_path / "rec", n=2)  # 0700 / 0600, owned by root
+    result = tailsight_as_nobody("show", str(tmp_path / "rec"))
+    assert result.returncode == 2, result.stderr
+    assert "Invalid value" in result.stderr and "readable" in result.stderr  # typer checks
+    assert "Traceback" not in result.stderr
+    (tmp_path / "rec").chmod(0o755)  # the directory readable, a segment not
+    result = tailsight_as_nobody("show", str(tmp_path / "rec"))
+    assert result.returncode == 2, result.stderr
+    (segment, *_) = list_segments(tmp_path / "rec")
+    assert f"error: cannot read {segment}: Permission denied" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def test_record_to_bad_targets_exits_2_before_attaching(tmp_path: Path) -> None:
+    runner = CliRunner()
+    (tmp_path / "file").write_text("mine")
+    cases = {
+        str(tmp_path / "file"): "exists and is not a directory",
+        str(tmp_path / "file" / "rec"): "exists and is not a directory",
+    }
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as read_only:
+        cases[str(read_only / "rec")] = "Read-only file system"
+        for target, message in cases.items():
+            result = runner.invoke(app, ["record", target, "--probe", "runqueue"])
+            assert result.exit_code == 2, result.output
+            assert f"error: cannot record to {target}: {message}" in result.stderr
+            assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert (tmp_path / "file").read_text() == "mine"
+    result = runner.invoke(app, ["record", str(tmp_path / "g"), "--group", "no-such-group-x"])
+    assert result.exit_code == 2 and "no group named 'no-such-group-x'" in result.output
+
+
+def test_second_record_into_one_directory_exits_2(tmp_path: Path) -> None:
+    with RecordingWriter(tmp_path / "rec"):  # a `record` or `serve --record` at work
+        result = CliRunner().invoke(app, ["record", str(tmp_path / "rec"), "--probe", "runqueue"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"error: cannot record to {tmp_path / 'rec'}: another writer records there (pid"
+        in result.stderr
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def _record(directory: Path, *extra: str) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).with_name("tailsight")), "record", str(directory)]
     argv = ["--probe", "runqueue", "--interval", "0.2", *extra]
@@ -140,3 +280,38 @@ def test_kill_9_and_restart_loses_no_completed_interval(kernel_ready: None, tmp_
     assert docs[len(before)].start_ns > docs[len(before) - 1].end_ns
     for doc in docs:
         assert doc.find(probe="runqueue"), "every interval has run-queue data"
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_record_on_a_full_disk_says_so_and_keeps_what_it_wrote(
+    kernel_ready: None, tmp_path: Path
+) -> None:
+    with tmpfs(tmp_path / "fs", "size=128k") as fs:
+        # Leave room for a few intervals: ~10 KB, whatever the record size.
+        filler = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(filler, b"\0" * 4096)
+        os.close(filler)
+        os.truncate(fs / "filler", os.path.getsize(fs / "filler") - 12 * 4096)
+        command = [str(Path(sys.executable).with_name("tailsight")), "record", str(fs / "rec")]
+        argv = ["--probe", "runqueue", "--interval", "0.05", "--duration", "60"]
+        # Busy enough that every interval has a few hundred wake-ups to record.
+        with subprocess.Popen(["sh", "-c", "while :; do :; done"]) as hog:
+            try:
+                result = subprocess.run(
+                    [*command, *argv], capture_output=True, text=True, timeout=120
+                )
+            finally:
+                hog.kill()
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        assert f"error: recording to {fs / 'rec'} stopped: disk full; the " in result.stderr
+        written = int(result.stderr.split("stopped: disk full; the ")[1].split()[0])
+        recording = Recording(fs / "rec")
+        docs = recording.documents()
+        assert len(docs) == written > 3
+        assert recording.problems == []  # nothing half-written
+        shown = CliRunner().invoke(app, ["show", str(fs / "rec"), "--json"])
+        assert json.loads(shown.stdout)["intervals"] == written
