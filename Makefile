@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test lint bench clean
+.PHONY: help setup demo test lint bench gate clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
@@ -23,6 +23,14 @@ test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks
 
 bench: setup  ## benchmarks (figures with same-run baselines)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
+
+# Latency gate of two revisions (docs/ci-gate.md); RUNS per side, DURATION seconds per run.
+RUNS ?= 30
+DURATION ?= 5
+GATE_ARGS ?=
+gate: setup  ## make gate BASE=<rev> CAND=<rev>: interleaved replays of both, then tailsight gate
+	@test -n "$(BASE)" -a -n "$(CAND)" || { echo "usage: make gate BASE=<rev> CAND=<rev>"; exit 2; }
+	$(PY) scripts/gate_revs.py --base "$(BASE)" --cand "$(CAND)" --runs $(RUNS) --duration $(DURATION) $(GATE_ARGS)
 
 lint: setup  ## ruff + mypy
 	$(VENV)/bin/ruff check .

@@ -12,20 +12,25 @@ from scipy.stats import mannwhitneyu
 
 from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.analysis.gate import (
+    DEFAULT_SERIES,
     GateConfig,
     GateInputError,
     Outcome,
     compare,
     gate_documents,
     hodges_lehmann_ratio,
+    holm,
     min_runs_for_alpha,
+    moses_interval,
+    u_test_p_values,
 )
 from tailsight.analysis.quantiles import parse_quantiles, parse_selector, quantile_name
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument, Series
 
 ALPHA = 0.05
-FAST = GateConfig(bootstrap=300)
+CONFIG = GateConfig()
+RECOMMENDED_RUNS = 30
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -37,9 +42,43 @@ def test_hodges_lehmann_matches_naive_pairwise_median() -> None:
     x, y = rng.lognormal(5, 0.2, 7), rng.lognormal(5.1, 0.2, 9)
     pairwise = [math.log(b) - math.log(a) for a, b in itertools.product(x, y)]
     expected = math.exp(float(np.median(pairwise)))
-    assert hodges_lehmann_ratio(np.log(x), np.log(y))[0] == pytest.approx(expected, rel=1e-12)
-    batch = hodges_lehmann_ratio(np.log(np.stack([x, x])), np.log(np.stack([y, y * 2])))
-    assert batch == pytest.approx([expected, 2 * expected], rel=1e-12)
+    assert hodges_lehmann_ratio(np.log(x), np.log(y)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "m"), [(5, 5), (7, 9), (15, 15), (22, 18)])
+def test_exact_u_p_values_match_scipy_exact(n: int, m: int) -> None:
+    rng = _rng(n * m)
+    x, y = rng.normal(size=n), rng.normal(0.4, size=m)
+    shifts = [-0.5, 0.0, 0.3, 1.0]
+    larger, smaller = u_test_p_values(x, y, shifts)
+    for k, shift in enumerate(shifts):
+        for got, side in ((larger[k], "greater"), (smaller[k], "less")):
+            want = mannwhitneyu(y - shift, x, alternative=side, method="exact").pvalue
+            assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_moses_interval_is_where_neither_shifted_test_rejects() -> None:
+    rng = _rng(4)
+    x, y = rng.normal(size=12), rng.normal(0.3, size=12)
+    low, high = moses_interval(x, y, ALPHA)
+    for log_bound, inside in ((math.log(low), True), (math.log(high), True)):
+        larger, smaller = u_test_p_values(x, y, [log_bound])
+        assert bool(larger[0] >= ALPHA and smaller[0] >= ALPHA) is inside
+    # The p-values step at pairwise differences: the next one out is rejected.
+    diffs = np.unique(np.subtract.outer(y, x))
+    below = diffs[diffs < math.log(low) - 1e-12][-1]
+    above = diffs[diffs > math.log(high) + 1e-12][0]
+    assert u_test_p_values(x, y, [below])[0][0] < ALPHA
+    assert u_test_p_values(x, y, [above])[1][0] < ALPHA
+    assert low < hodges_lehmann_ratio(x, y) < high
+
+
+def test_holm_step_down_by_hand() -> None:
+    # Sorted 0.01, 0.02, 0.04 with m=3: 0.03, max(0.03, 0.04), max(0.04, 0.04); nan not counted.
+    assert holm([0.04, 0.01, math.nan, 0.02]) == pytest.approx(
+        [0.04, 0.03, math.nan, 0.04], nan_ok=True
+    )
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
 
 
 def test_min_runs_for_alpha_agrees_with_exact_rank_test() -> None:
@@ -53,47 +92,61 @@ def test_min_runs_for_alpha_agrees_with_exact_rank_test() -> None:
 def test_clear_regression_pass_and_inconclusive_on_constructed_runs() -> None:
     rng = _rng(2)
     base = 250_000 * rng.lognormal(0, 0.02, 12)
-    worse = compare(base, 1.3 * 250_000 * rng.lognormal(0, 0.02, 12), 0.99, FAST, _rng())
+    worse = compare(base, 1.3 * 250_000 * rng.lognormal(0, 0.02, 12), 0.99, CONFIG)
     assert worse.outcome is Outcome.REGRESSION
     assert worse.ratio_low > worse.threshold == pytest.approx(1.05)
     assert worse.ratio == pytest.approx(1.3, rel=0.03)
-    same = compare(base, 250_000 * rng.lognormal(0, 0.02, 12), 0.99, FAST, _rng())
-    assert same.outcome is Outcome.PASS and same.ratio_high < 1.05
-    better = compare(base, 0.8 * base, 0.99, FAST, _rng())
+    same = compare(base, 250_000 * rng.lognormal(0, 0.02, 12), 0.99, CONFIG)
+    assert same.outcome is Outcome.PASS and same.ratio_high < 1.05 and same.p_within < ALPHA
+    better = compare(base, 0.8 * base, 0.99, CONFIG)
     assert better.outcome is Outcome.PASS
-    # 5 % true shift with 10 % noise: neither confidently above nor below the 5 % threshold.
-    vague = compare(base, 1.05 * 250_000 * rng.lognormal(0, 0.1, 12), 0.99, FAST, _rng())
+    # 5 % true shift with 10 % noise: neither shown above nor shown below the 5 % limit.
+    vague = compare(base, 1.05 * 250_000 * rng.lognormal(0, 0.1, 12), 0.99, CONFIG)
     assert vague.outcome is Outcome.INCONCLUSIVE
     assert vague.ratio_low < 1.05 < vague.ratio_high
+
+
+def test_identical_runs_pass() -> None:
+    result = compare([100_000.0] * 8, [100_000.0] * 8, 0.99, CONFIG)
+    assert result.outcome is Outcome.PASS and result.ratio == 1.0
 
 
 def test_absolute_floor_of_two_buckets_sets_the_threshold_for_small_quantiles() -> None:
     base = np.full(8, 20_000.0) + np.arange(8)  # a P50 of ~20 µs
     cand = base * 1.2  # +4 µs: less than two 5 µs buckets
-    result = compare(base, cand, 0.5, FAST, _rng())
+    result = compare(base, cand, 0.5, CONFIG)
     assert result.threshold == pytest.approx(1 + 10_000 / np.median(base))
     assert result.outcome is Outcome.PASS
-    relative_only = GateConfig(bootstrap=300, min_effect_ns=0)
-    assert compare(base, cand, 0.5, relative_only, _rng()).outcome is Outcome.REGRESSION
+    relative_only = GateConfig(min_effect_ns=0)
+    assert compare(base, cand, 0.5, relative_only).outcome is Outcome.REGRESSION
 
 
 def test_too_few_runs_is_inconclusive_and_says_how_many() -> None:
-    result = compare([1e5, 1.1e5, 1.2e5], [2e5] * 9, 0.99, FAST, _rng())
+    result = compare([1e5, 1.1e5, 1.2e5], [2e5] * 9, 0.99, CONFIG)
     assert result.outcome is Outcome.INCONCLUSIVE
     assert "at least 5" in result.reason and "baseline 3" in result.reason
     # nan = a run without the series: not counted.
-    result = compare([1e5] * 5 + [math.nan], [1e5] * 6, 0.99, FAST, _rng())
+    result = compare([1e5] * 5 + [math.nan], [1e5] * 6, 0.99, CONFIG)
     assert result.baseline_runs == 5 and result.outcome is not Outcome.INCONCLUSIVE
+    # A family of 40 needs p < 0.05/40 to be reachable: 5 runs per side cannot (1/252).
+    result = compare([1e5] * 5, [2e5] * 5, 0.99, CONFIG, family_size=40)
+    assert result.outcome is Outcome.INCONCLUSIVE and "at least 6" in result.reason
 
 
-def test_deterministic_for_a_seed() -> None:
+def test_deterministic() -> None:
     rng = _rng(3)
     base, cand = rng.lognormal(12, 0.1, 10), rng.lognormal(12.05, 0.1, 10)
-    first = compare(base, cand, 0.99, GateConfig(seed=7), np.random.default_rng([7, 0]))
-    again = compare(base, cand, 0.99, GateConfig(seed=7), np.random.default_rng([7, 0]))
-    other = compare(base, cand, 0.99, GateConfig(seed=8), np.random.default_rng([8, 0]))
-    assert first == again
-    assert (first.ratio_low, first.ratio_high) != (other.ratio_low, other.ratio_high)
+    assert compare(base, cand, 0.99, CONFIG) == compare(base, cand, 0.99, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("min_effect", math.nan), ("min_effect", math.inf), ("min_effect", -0.1),
+     ("min_effect_ns", math.nan), ("min_effect_ns", math.inf), ("alpha", math.nan)],
+)  # fmt: skip
+def test_config_rejects_non_finite_effects(field: str, value: float) -> None:
+    with pytest.raises(ValueError):
+        GateConfig(**{field: value})
 
 
 def _aa_or_ab(ratio: float, trials: int, runs: int, seed: int) -> dict[Outcome, int]:
@@ -104,8 +157,7 @@ def _aa_or_ab(ratio: float, trials: int, runs: int, seed: int) -> dict[Outcome, 
         rng = np.random.default_rng([seed, trial])
         base = simulate_runs(model, runs, rng, RunNoise())
         cand = simulate_runs(candidate, runs, rng, RunNoise())
-        config = GateConfig(bootstrap=300, seed=trial)
-        outcomes[gate_documents(base, cand, config=config).outcome] += 1
+        outcomes[gate_documents(base, cand).outcome] += 1
     return outcomes
 
 
@@ -117,11 +169,14 @@ def test_aa_false_fail_rate_at_most_nominal() -> None:
     assert outcomes[Outcome.PASS] > 0  # the gate can pass an A/A at all
 
 
-def test_ten_percent_p99_regression_is_caught_with_15_runs() -> None:
-    trials = 80
-    outcomes = _aa_or_ab(1.10, trials, runs=15, seed=12)
-    assert outcomes[Outcome.REGRESSION] / trials >= 0.8
-    assert outcomes[Outcome.PASS] == 0
+def test_at_the_recommended_30_runs_aa_passes_and_ten_percent_is_caught() -> None:
+    # docs/ci-gate.md recommends 30 runs per side; the issue's goals are 8 in 10 for both (true
+    # rates ~0.9 and ~0.85-0.9 in bench_gate_calibration; seeded like it, by the run count).
+    trials = 100
+    same = _aa_or_ab(1.0, trials, runs=RECOMMENDED_RUNS, seed=RECOMMENDED_RUNS)
+    assert same[Outcome.PASS] / trials >= 0.8 and same[Outcome.REGRESSION] == 0
+    worse = _aa_or_ab(1.10, trials, runs=RECOMMENDED_RUNS, seed=RECOMMENDED_RUNS)
+    assert worse[Outcome.REGRESSION] / trials >= 0.8 and worse[Outcome.PASS] == 0
 
 
 def test_ten_percent_improvement_passes() -> None:
@@ -131,23 +186,77 @@ def test_ten_percent_improvement_passes() -> None:
     assert outcomes[Outcome.PASS] / trials >= 0.9
 
 
+def _stage_runs(rng: np.random.Generator, runs: int, stages: int, decision_ratio: float = 1.0):
+    """Runs holding ``stages`` independent stage series plus tick-to-trade."""
+    model = LatencyModel()
+    slow = model.with_tail_ratio(decision_ratio) if decision_ratio != 1.0 else model
+    documents = []
+    for n in range(runs):
+        series = []
+        for k in range(stages):
+            stage_model = slow if k == 0 else model
+            labels = {"probe": "replay", "stage": f"stage{k}"}
+            series += simulate_runs(stage_model, 1, rng, RunNoise(), labels)[0].series
+        series += simulate_runs(model, 1, rng, RunNoise())[0].series
+        documents.append(HistDocument(n, n + 1, series))
+    return documents
+
+
+def test_holm_keeps_the_family_wise_false_fail_rate_with_many_series() -> None:
+    # min effect 0: every comparison tests "ratio <= 1" at alpha; 10 series x 2 quantiles would
+    # fail an A/A most of the time uncorrected (1 - 0.95^20 = 64 % if independent).
+    config = GateConfig(min_effect=0.0, min_effect_ns=0.0)
+    trials, false_fails, uncorrected = 60, 0, 0
+    for trial in range(trials):
+        rng = np.random.default_rng([21, trial])
+        base, cand = _stage_runs(rng, 10, 10), _stage_runs(rng, 10, 10)
+        result = gate_documents(base, cand, [{"probe": "replay"}], config)
+        assert result.family_size == 22
+        false_fails += result.outcome is Outcome.REGRESSION
+        uncorrected += any(c.p_worse < ALPHA for c in result.comparisons)
+    assert false_fails / trials <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / trials)
+    assert uncorrected / trials > 0.3  # the family really needs the correction
+
+
+def test_default_gates_tick_to_trade_only_and_breaks_a_regression_down_by_stage() -> None:
+    rng = _rng(5)
+    base = _stage_runs(rng, 10, 3)
+    cand = _stage_runs(rng, 10, 3)
+    for document in cand:  # a 30 % tail regression of tick-to-trade only
+        document.series[-1] = simulate_runs(
+            LatencyModel().with_tail_ratio(1.3), 1, rng, RunNoise(noisy_run_prob=0.0)
+        )[0].series[0]
+    result = gate_documents(base, cand)
+    assert {c.series for c in result.comparisons} == {tuple(sorted(DEFAULT_SERIES.items()))}
+    assert [quantile_name(c.quantile) for c in result.comparisons] == ["p50", "p99"]
+    assert result.outcome is Outcome.REGRESSION and result.family_size == 2
+    (breakdown,) = result.breakdowns
+    assert quantile_name(breakdown.quantile) == "p99"
+    assert [s.stage for s in breakdown.stages] == ["stage0", "stage1", "stage2"]  # file order
+    assert all(0.85 < s.ratio < 1.15 for s in breakdown.stages)  # the stages did not move
+
+
 def _doc(labels: dict[str, str], values_ns: list[int]) -> HistDocument:
     return HistDocument(0, 1, [Series(labels, Histogram.from_samples(values_ns))])
 
 
-def test_series_selection_and_missing_series() -> None:
-    replay = {"probe": "replay", "stage": "tick_to_trade"}
+def test_series_on_one_side_only_is_an_input_error() -> None:
+    replay = dict(DEFAULT_SERIES)
     other = {"probe": "runqueue", "cgroup": "/x"}
-    base = [
-        HistDocument(0, 1, [Series(replay, Histogram.from_samples([50_000 + i] * 100))])
-        for i in range(6)
-    ]
+    base = [_doc(replay, [50_000 + i] * 100) for i in range(6)]
     cand = [_doc(other, [50_000] * 100) for _ in range(6)]
-    result = gate_documents(base, cand, parse_selector("probe=replay"), FAST)
-    assert result.outcome is Outcome.INCONCLUSIVE
-    assert {c.candidate_runs for c in result.comparisons} == {0}
-    with pytest.raises(GateInputError, match="no series matches"):
-        gate_documents(base, cand, parse_selector("probe=nothing"), FAST)
+    with pytest.raises(GateInputError, match="only in the baseline"):
+        gate_documents(base, cand, config=CONFIG)
+    with pytest.raises(GateInputError, match="only in the candidate"):
+        gate_documents(base, cand, [parse_selector("cgroup=/x")], CONFIG)
+    with pytest.raises(GateInputError, match="no series matches probe=nothing"):
+        gate_documents(base, cand, [parse_selector("probe=nothing")], CONFIG)
+    with pytest.raises(GateInputError, match="the default"):
+        gate_documents(cand, cand, config=CONFIG)
+    # Present on both sides but missing from some runs is fine: those runs are left out.
+    mixed = [*base[:5], _doc(other, [1] * 10)]
+    result = gate_documents(base, mixed, config=CONFIG)
+    assert {c.candidate_runs for c in result.comparisons} == {5}
 
 
 def test_selector_and_quantile_parsing() -> None:
