@@ -64,6 +64,8 @@ class Cause:
     p_value: float
     effect: float
     """Log of the smoothed after/before ratio: the ranking key."""
+    intervals_before: int = 0
+    intervals_after: int = 0
     values: tuple[float, ...] = ()
     """The signal per interval over the whole range (for plots)."""
     peer: bool = False
@@ -78,12 +80,13 @@ class Cause:
         """The mechanism in words."""
         where = self.cgroup + (" (probably the other end of the connection)" if self.peer else "")
         counts = (
-            f"{_count(self.total_after)} in the after window, "
-            f"{_count(self.total_before) if self.total_before else 'none'} before"
+            f"{_count(self.total_after)} in the {self.intervals_after} intervals since the "
+            f"change, {_count(self.total_before) if self.total_before else 'none'} in the "
+            f"{self.intervals_before} before"
         )
         if self.kind in ("retransmits", "retransmit_failures"):
             what = "TCP retransmissions" if self.kind == "retransmits" else "failed retransmissions"
-            line = f"{symptom + ' waited on ' if symptom else ''}{what}: {counts} in {where}"
+            line = f"{symptom + ' waited on ' if symptom else ''}{what} in {where}: {counts}"
             if symptom_after_ns >= 0.7 * MIN_RTO_NS:
                 line += (
                     f"; the new tail ({_ms(symptom_after_ns)} ms) is of the order of a TCP "
@@ -189,6 +192,8 @@ def find_causes(
                     p_value=p_value,
                     effect=effect,
                     values=tuple(row.tolist()),
+                    intervals_before=n_before,
+                    intervals_after=n_after,
                 )
             )
             continue
@@ -213,6 +218,8 @@ def find_causes(
                 p_value=p_value,
                 effect=effect,
                 values=tuple(row.tolist()),
+                intervals_before=n_before,
+                intervals_after=n_after,
                 peer=not inside,
             )
         )

@@ -348,10 +348,9 @@ class Report:
                     for sentence in said[1:]:
                         add(sentence, "   ", "   ")
                     continue
-                letter = f"   {chr(ord('a') + m % 26)}) "
                 lines.append("")
                 for k, sentence in enumerate(said):
-                    add(sentence, letter if k == 0 else "      ", "      ")
+                    add(sentence, "   * " if k == 0 else "     ", "     ")
             if incident.folded:
                 add(
                     "Aggregates that rose with it (explained by the cgroups above): "
