@@ -242,7 +242,7 @@ class GzipReader(io.RawIOBase):
         except zlib.error as error:
             self.inflate = saved
             if len(data) == 1:
-                self._fail(f"compressed byte {self.consumed}: {_zlib_reason(error)}")
+                self._fail(f"detected at compressed byte {self.consumed}: {_zlib_reason(error)}")
                 return b""
             half = len(data) // 2
             rest = self._feed(data[:half])

@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import gzip
 import itertools
+import os
+import re
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tailsight.trading_core import itch, itch_batch
 from tailsight.trading_core.itch_file import (
     FramingReport,
     IssueKind,
+    ItchInputError,
     iter_itch,
     iter_itch_chunks,
     scan_itch,
@@ -608,3 +612,175 @@ def test_reading_a_large_file_uses_bounded_memory(tmp_path: Path) -> None:
     # About a chunk of raw data, a chunk of output and the numpy temporaries of one window.
     assert chunk_peak < 12 * 2**20, chunk_peak
     assert message_peak < 8 * 2**20, message_peak
+
+
+# -- issue 10: zero length prefixes, damaged gzip, paths that are not files -------------------
+
+
+def _zero_prefixed(wires: tuple[bytes, ...]) -> bytes:
+    """The day as a file from the wild writes it: every prefix 0x0000, the message right after."""
+    return b"".join(b"\x00\x00" + w for w in wires)
+
+
+@pytest.mark.parametrize("chunk_size", [4096, 1 << 20])
+@pytest.mark.parametrize("compress", [False, True])
+def test_zero_prefixed_file_reads_every_message_reported_once(
+    tmp_path: Path, chunk_size: int, compress: bool
+) -> None:
+    # Issue 10 item 9: such a file read as one garbage run, 0 messages.
+    wires = _day(20_000)
+    path = tmp_path / "zero.itch"
+    data = _zero_prefixed(wires)
+    path.write_bytes(gzip.compress(data) if compress else data)
+    messages, report = read_all(path, chunk_size)
+    assert [m for _, m in messages] == list(wires)
+    assert [o for o, _ in messages] == [o + 2 for o in _frame_offsets(wires)]
+    assert report.counts == {IssueKind.ZERO_PREFIXED: len(wires)}
+    assert [(i.offset, i.kind) for i in report.issues] == [(0, IssueKind.ZERO_PREFIXED)]
+    assert report.bytes_read == len(data) and report.skipped_bytes == 0
+    assert read_chunks(path, chunk_size)[0] == list(wires)  # prefixes given: decodable chunks
+
+
+def test_short_zero_prefixed_file_is_read(tmp_path: Path) -> None:
+    # Fewer messages than a first run needs to chain up: they end the stream exactly.
+    path = tmp_path / "short.itch"
+    path.write_bytes(_zero_prefixed(tuple(WIRES[:3])))
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == WIRES[:3]
+    assert report.counts == {IssueKind.ZERO_PREFIXED: 3}
+
+
+@pytest.mark.parametrize("junk", [b"\xde\xad\xbe\xef", b"\x00\x00", b"\x00\x00A", b"\xff" * 9])
+def test_damage_in_a_zero_prefixed_file_costs_little_and_never_misframes(
+    tmp_path: Path, junk: bytes
+) -> None:
+    wires = _day()
+    clean = _zero_prefixed(wires)
+    offsets = _frame_offsets(wires)
+    for index in range(20, 380, 37):
+        for inside in (0, 1, 2, 7, len(wires[index]) - 1):
+            at = offsets[index] + inside
+            path = tmp_path / "zero.itch"
+            path.write_bytes(clean[:at] + junk + clean[at:])
+            messages, report = read_all(path, chunk_size=4096)
+            # Without length prefixes a message is only as sure as its type byte: junk that
+            # ends in one ("00 00 A") right where a message's body starts, one byte shorter
+            # than the junk's type, reads as that message (as inserting "00 24 A" would in a
+            # prefixed file). It sits where the junk's type byte is; nothing else is new.
+            fake = [o for o, m in messages if m not in wires]
+            assert fake in ([], [at + len(junk) - 1] if junk[-1:] == b"A" else []), (index, inside)
+            got = [m for _, m in messages if m in wires]
+            # In order; at most the damaged message and the two before it lost.
+            assert got == [w for w in wires if w in set(got)], (index, inside)
+            assert set(wires) - set(got) <= set(wires[index - 2 : index + 1]), (index, inside)
+            assert any(i.kind != IssueKind.ZERO_PREFIXED for i in report.issues)
+
+
+@functools.cache
+def _gzip_day() -> tuple[tuple[bytes, ...], bytes, bytes]:
+    """A generated 200k-message day: its messages, its framed bytes, its gzip file bytes."""
+    wires = _day(200_000)
+    plain = b"".join(frame(w) for w in wires)
+    return wires, plain, gzip.compress(plain, compresslevel=6, mtime=0)
+
+
+def _complete_frames(wires: tuple[bytes, ...], length: int) -> int:
+    """How many frames of ``wires`` lie wholly in the first ``length`` bytes."""
+    return sum(
+        1 for o, w in zip(_frame_offsets(wires), wires, strict=True) if o + 2 + len(w) <= length
+    )
+
+
+@pytest.mark.slow
+def test_gzip_cut_in_half_keeps_all_that_inflates_and_reports_the_cut(tmp_path: Path) -> None:
+    # Issue 10 item 10: nothing came back, and the error pointed at a read-chunk edge.
+    wires, plain, whole = _gzip_day()
+    cut = whole[: len(whole) // 2]
+    path = tmp_path / "cut.itch.gz"
+    path.write_bytes(cut)
+    inflated = zlib.decompressobj(wbits=31).decompress(cut)  # all that the half inflates to
+    assert plain.startswith(inflated) and len(inflated) > 0.45 * len(plain)
+    messages, report = read_all(path)
+    kept = _complete_frames(wires, len(inflated))
+    assert [m for _, m in messages] == list(wires[:kept])
+    assert report.counts == {IssueKind.STREAM_ERROR: 1, IssueKind.TRUNCATED: 1}
+    error, tail = report.issues
+    assert error.offset == len(inflated)  # decompressed offset where the output stops
+    assert f"compressed byte {len(cut)}" in error.detail  # the cut, in the file's own bytes
+    assert tail.offset == _frame_offsets(wires)[kept]
+
+
+@pytest.mark.slow
+def test_gzip_with_two_flipped_bytes_near_the_end_keeps_what_comes_before(
+    tmp_path: Path,
+) -> None:
+    # Issue 10 item 10: two flipped bytes near the end lost the whole file.
+    wires, _, whole = _gzip_day()
+    damaged = bytearray(whole)
+    first = len(whole) - 3000
+    damaged[first] ^= 0x5A
+    damaged[first + 1000] ^= 0xA5
+    path = tmp_path / "flipped.itch.gz"
+    path.write_bytes(bytes(damaged))
+    # Ground truth the reader did not make: what the bytes before the first flip inflate to.
+    intact = len(zlib.decompressobj(wbits=31).decompress(whole[:first]))
+    messages, report = read_all(path)
+    got = [m for _, m in messages]
+    before = _complete_frames(wires, intact) - 1  # the frame at the damage may be dropped
+    assert before > 0.99 * len(wires)
+    assert got[:before] == list(wires[:before])
+    for message in got:
+        itch.decode(message)  # whatever the damage inflated to, nothing mis-framed is delivered
+    assert IssueKind.STREAM_ERROR in report.counts or not report.clean
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("back", "what"), [(8, "CRC-32 mismatch"), (2, "ISIZE mismatch")])
+def test_gzip_trailer_error_keeps_every_message_and_names_the_error(
+    tmp_path: Path, back: int, what: str
+) -> None:
+    wires, _, whole = _gzip_day()
+    damaged = bytearray(whole)
+    damaged[len(whole) - back] ^= 0x01  # the first CRC-32 byte, or an ISIZE byte
+    path = tmp_path / "trailer.itch.gz"
+    path.write_bytes(bytes(damaged))
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == list(wires)
+    assert report.counts == {IssueKind.STREAM_ERROR: 1}
+    (issue,) = report.issues
+    assert what in issue.detail
+    # zlib checks each field once all 4 of its bytes are in: the field's last byte.
+    field_end = len(whole) - 5 if back == 8 else len(whole) - 1
+    assert f"compressed byte {field_end}" in issue.detail
+
+
+def test_concatenated_gzip_members_and_padding_read_as_one_stream(tmp_path: Path) -> None:
+    framed_all = [frame(w) for w in WIRES]
+    members = gzip.compress(b"".join(framed_all[:4])) + gzip.compress(b"".join(framed_all[4:]))
+    path = tmp_path / "members.itch.gz"
+    path.write_bytes(members + bytes(16))  # NUL padding after the last member is allowed
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == WIRES and report.clean
+    path.write_bytes(members + b"trailing junk")
+    messages, report = read_all(path)
+    assert [m for _, m in messages] == WIRES
+    assert report.counts == {IssueKind.STREAM_ERROR: 1}
+    assert f"compressed byte {len(members)}: trailing bytes" in report.issues[0].detail
+
+
+def test_paths_that_are_not_regular_files_are_refused_up_front(tmp_path: Path) -> None:
+    # Issue 10 item 14: a FIFO or /dev/zero hung the reader (and replay, which shares it).
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # a writer that never writes: reading would block
+    try:
+        cases = [(tmp_path, "is a directory"), (fifo, "not a regular file (a FIFO)"),
+                 (Path("/dev/zero"), "not a regular file (a character device)"),
+                 (tmp_path / "missing", "no such file")]  # fmt: skip
+        for path, what in cases:
+            for read in (iter_itch, iter_itch_chunks):
+                with pytest.raises(ItchInputError, match=re.escape(f"{path}: {what}")):
+                    next(iter(read(path)))
+    finally:
+        os.close(writer)
+    assert issubclass(ItchInputError, OSError)  # callers mapping OSError to exit 2 keep working
