@@ -10,6 +10,11 @@ repaired when its spec length lines up with the two frames after it; anything el
 any prefix above the longest spec length, is garbage, skipped up to the earliest position where
 two consecutive frames line up. Every anomaly is counted in a ``FramingReport`` with its byte
 offset in the uncompressed stream.
+
+Files from the wild whose every prefix is 0x0000, each message right after it, are read by the
+spec lengths once such messages chain up (``ZERO_CHAIN``), and reported once with a count. Gzip
+is inflated by ``GzipReader``: damage keeps all that inflates before it. Paths that are not
+regular files are refused before a byte is read (``ItchInputError``, an ``OSError``).
 """
 
 from __future__ import annotations
@@ -278,13 +283,12 @@ def _open_stream(path: str | Path) -> BinaryIO:
     raw.seek(0)
     if magic != GZIP_MAGIC:
         return raw
-    probe = GzipReader(io.BytesIO(raw.read(GzipReader.PIECE)))  # type: ignore[arg-type]
+    probe = GzipReader(io.BytesIO(raw.read(GzipReader.PIECE)))
     if not probe.read(1) and probe.problem is not None:
         raw.seek(0)  # only looked like gzip (nothing inflates): read it as it is
         return raw
     raw.seek(0)
-    reader = GzipReader(raw)
-    return reader  # type: ignore[return-value]
+    return GzipReader(raw)  # type: ignore[return-value]
 
 
 class _Framer:
