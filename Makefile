@@ -24,13 +24,16 @@ test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks
 bench: setup  ## benchmarks (figures with same-run baselines)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
 
-# Latency gate of two revisions (docs/ci-gate.md); RUNS per side, DURATION seconds per run.
+# Latency gate of two revisions (docs/ci-gate.md): RUNS per side, DURATION s per run, same
+# PLACEMENT (replay --placement) for both; GATE_ARGS go to tailsight gate. Run `make setup` first.
 RUNS ?= 30
 DURATION ?= 5
+PLACEMENT ?=
 GATE_ARGS ?=
-gate: setup  ## make gate BASE=<rev> CAND=<rev>: interleaved replays of both, then tailsight gate
+gate:  ## make gate BASE=<rev> CAND=<rev>: interleaved replays of both, then tailsight gate
 	@test -n "$(BASE)" -a -n "$(CAND)" || { echo "usage: make gate BASE=<rev> CAND=<rev>"; exit 2; }
-	$(PY) scripts/gate_revs.py --base "$(BASE)" --cand "$(CAND)" --runs $(RUNS) --duration $(DURATION) $(GATE_ARGS)
+	$(PY) scripts/gate_revs.py --base "$(BASE)" --cand "$(CAND)" --runs $(RUNS) \
+		--duration $(DURATION) $(if $(PLACEMENT),--placement "$(PLACEMENT)") -- $(GATE_ARGS)
 
 lint: setup  ## ruff + mypy
 	$(VENV)/bin/ruff check .

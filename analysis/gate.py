@@ -391,7 +391,7 @@ def decide(c: Comparison, alpha: float) -> Comparison:
         outcome = Outcome.REGRESSION
         reason = (
             f"worse by more than {c.threshold - 1:.1%}: ratio >= {c.ratio_low:.3f}, "
-            f"p={c.p_worse:.2g} (Holm-adjusted {c.p_worse_adjusted:.2g})"
+            f"Holm-adjusted p={c.p_worse_adjusted:.2g}"
         )
     elif c.p_within < alpha:
         outcome = Outcome.PASS

@@ -20,28 +20,32 @@ from tailsight.analysis.gate import GateConfig
 from tailsight.analysis.jumps import JumpConfig
 
 
-def gate_section(trials: int, run_counts: list[int], bootstrap: int) -> None:
+def gate_section(trials: int, run_counts: list[int]) -> None:
     noise = RunNoise()
+    config = GateConfig()
     print(
-        f"gate: {trials} trials per row; alpha 0.05, min effect 5 %, bootstrap {bootstrap};\n"
-        f"  noise: per-run scale jitter {noise.scale_sigma:.0%}, {noise.noisy_run_prob:.0%} "
-        f"noisy runs, {noise.events_per_run:,} events per run"
+        f"gate (in-system P50 + P99, Holm over 2): {trials} trials per row; alpha "
+        f"{config.alpha}, min effect {config.min_effect:.0%};\n  noise: per-run scale jitter "
+        f"{noise.scale_sigma:.0%}, {noise.noisy_run_prob:.0%} noisy runs, "
+        f"{noise.events_per_run:,} events per run; rates with Wilson 95 % intervals"
     )
-    print(f"  {'runs':>4}  {'true P99':<9} {'regression':>30} {'pass':>7} {'inconcl.':>8}  pooled")
-    config = GateConfig(bootstrap=bootstrap)
+    print(f"  {'runs':>4}  {'true P99':<8} {'regression':>27} {'pass':>27} "
+          f"{'inconclusive':>27}  pooled")  # fmt: skip
     for runs in run_counts:
         for ratio in (1.0, 1.05, 1.10, 0.90):
             start = time.perf_counter()
             result = gate_calibration(ratio, trials, runs, noise, config, seed=runs)
             per_trial_ms = (time.perf_counter() - start) / trials * 1e3
             print(
-                f"  {runs:>4}  x{ratio:<8.2f} {result.regression!s:>30} "
-                f"{result.passed.value:7.3f} {result.inconclusive.value:8.3f}  "
-                f"{result.pooled_regression.value:6.3f}   ({per_trial_ms:.0f} ms/trial)"
+                f"  {runs:>4}  x{ratio:<7.2f} {result.regression!s:>27} {result.passed!s:>27} "
+                f"{result.inconclusive!s:>27}  {result.pooled_regression.value:5.3f}"
+                f"  ({per_trial_ms:.0f} ms/trial)"
             )
     print(
-        "  (x1.00 regression = false-fail rate; x1.10 regression = power; 'pooled' = one-sided\n"
-        "   two-proportion test on all events pooled per side, the naive gate, same runs)"
+        "  (x1.00: regression = false-fail rate, pass = A/A shown within the bound; x1.10:\n"
+        "   regression = power; 'pooled' = one-sided two-proportion test on all events pooled\n"
+        "   per side, the naive gate, same runs; goals: false fails <= 0.1, A/A pass >= 0.8,\n"
+        "   power >= 0.8 at the recommended 30 runs per side)"
     )
 
 
@@ -88,11 +92,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     args = parser.parse_args()
     if args.quick:
-        gate_section(trials=40, run_counts=[15], bootstrap=300)
+        gate_section(trials=40, run_counts=[30])
         jump_section(series=8, intervals=120)
         fdr_section(trials=2)
     else:
-        gate_section(trials=400, run_counts=[10, 15, 25], bootstrap=1000)
+        gate_section(trials=400, run_counts=[10, 15, 20, 30, 40])
         jump_section(series=100, intervals=300)
         fdr_section(trials=20)
 
