@@ -219,8 +219,8 @@ class GzipReader(io.RawIOBase):
             self.tail = self.raw.read(self.PIECE)
             if not self.tail:
                 if self.in_member:
-                    self._fail(f"gzip member unfinished at the end of the file, compressed byte "
-                               f"{self.consumed}: cut short (or damaged)")  # fmt: skip
+                    self._fail(f"compressed byte {self.consumed}: file ends inside a gzip "
+                               "member (cut short, or damaged before)")  # fmt: skip
                 self.finished = True
                 return
         if not self.in_member:
@@ -247,7 +247,7 @@ class GzipReader(io.RawIOBase):
         except zlib.error as error:
             self.inflate = saved
             if len(data) == 1:
-                self._fail(f"detected at compressed byte {self.consumed}: {_zlib_reason(error)}")
+                self._fail(f"compressed byte {self.consumed}: {_zlib_reason(error)}")
                 return b""
             half = len(data) // 2
             rest = self._feed(data[:half])
@@ -267,9 +267,9 @@ class GzipReader(io.RawIOBase):
 def _zlib_reason(error: zlib.error) -> str:
     text = str(error)
     if "incorrect data check" in text:
-        return "CRC-32 mismatch (the data inflated, but not to what was compressed)"
+        return "CRC-32 mismatch (inflated, but not to what was compressed)"
     if "incorrect length check" in text:
-        return "ISIZE mismatch (length in the gzip trailer is wrong)"
+        return "ISIZE mismatch (the length in the gzip trailer)"
     return text.split(": ", 1)[-1]
 
 
@@ -467,7 +467,7 @@ class _Framer:
             self.report.add(
                 self.base + first,
                 IssueKind.ZERO_PREFIXED,
-                "length prefixes are 0x0000: messages read by their spec lengths",
+                "prefixes are 0x0000: read by spec lengths",
                 count,
             )
 
