@@ -164,8 +164,9 @@ class Agent:
                 break
             self._tick_surviving()
             next_tick += self.config.interval_s
-            if next_tick < time.monotonic():  # fell behind (suspended, overloaded): skip ahead
-                next_tick = time.monotonic() + self.config.interval_s
+            behind = time.monotonic() - next_tick
+            if behind > 0:  # overran (suspended, overloaded): on to the next slot, in phase
+                next_tick += (behind // self.config.interval_s + 1) * self.config.interval_s
         self._tick_surviving()
 
     def _tick_surviving(self) -> None:
