@@ -36,6 +36,8 @@ _COARSE_OF_FINE: Final = np.searchsorted(
     np.array(COARSE_BOUNDS_NS, dtype=np.int64), bucket_upper_bounds_ns(), side="left"
 )
 QUANTILES: Final = (0.5, 0.9, 0.99, 0.999)
+# The label of an exact quantile gauge; "quantile" is reserved for summaries (promtool says so).
+QUANTILE_LABEL: Final = "q"
 OTHER_CGROUP: Final = "other"
 CGROUP_LABELS: Final = ("cgroup", "victim", "aggressor")
 # Label values that name no cgroup and are bounded by construction (id 0 = idle CPU).
@@ -408,7 +410,7 @@ class PrometheusExporter:
                     dense.sum_ns += part.sum_ns
         out: list[Metric] = []
         for base, series in sorted(grouped.items()):
-            names = [*_label_names(series), "quantile"]
+            names = [*_label_names(series), QUANTILE_LABEL]
             family = GaugeMetricFamily(
                 f"{base}_quantile_seconds",
                 "Exact quantile from full-resolution 5 µs buckets over the window.",

@@ -4,6 +4,8 @@ top-K + other sums exact, windows, counters, self-metrics from a fake procfs."""
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +114,7 @@ def test_top_k_and_other_sums_exact() -> None:
             "tailsight_runqueue_wait_quantile_seconds",
             "cgroup=other",
             "probe=runqueue",
-            "quantile=0.99",
+            "q=0.99",
             "window=1s",
         )
     ]
@@ -166,7 +168,7 @@ def test_window_quantiles_forget_old_intervals() -> None:
             "tailsight_runqueue_wait_quantile_seconds",
             "cgroup=/a",
             "probe=runqueue",
-            "quantile=0.5",
+            "q=0.5",
             "window=3s",
         )
         in_window = np.concatenate([slow] * (t < 3) + [fast] * min(t, 3))
@@ -179,7 +181,7 @@ def test_window_quantiles_forget_old_intervals() -> None:
             "tailsight_runqueue_wait_quantile_seconds",
             "cgroup=/a",
             "probe=runqueue",
-            "quantile=0.999",
+            "q=0.999",
             "window=1s",
         )
     ]
@@ -314,3 +316,39 @@ def test_torn_sum_interval_survives_window_expiry() -> None:
         # Ranked by the same window: "/" keeps its label while its 5 samples are in it.
         assert exporter.kept_cgroups("netsyscall") == ({"/"} if t + 1 < 61 else set()), t
     assert exporter.intervals == 64
+
+
+def test_exposition_passes_promtool(tmp_path: Path) -> None:
+    """Issue 12.5: Prometheus' own linter accepts every family: histograms, quantile gauges
+    (their label is not the summaries' reserved "quantile"), counters and self-metrics."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool (Debian's prometheus package) is not installed"
+    exporter = PrometheusExporter(CollectorConfig(quantile_windows_s=(5.0, 60.0)))
+    exporter.probes = {"runqueue": ProbeStatus(attached=True), "tcpstate": ProbeStatus(False)}
+    rng = np.random.default_rng(3)
+    for t in range(3):
+        document = doc(t, {f"/c{i}": rng.integers(0, 10**7, 50) for i in range(5)})
+        document.series.append(
+            Series(
+                {"probe": "tcpstate", "cgroup": "/c1", "kind": "connect"},
+                Histogram.from_samples(rng.integers(0, 10**6, 20)),
+            )
+        )
+        labels = {"probe": "runqueue", "victim": "/c1", "aggressor": "/c2"}
+        document.counters.append(Counter("runqueue_displaced_wait_ns", labels, 1000))
+        exporter.update(document)
+    text = exporter.exposition()
+    assert b"_quantile_seconds{" in text and b'q="0.99"' in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert result.stdout.strip() == b"" and result.stderr.strip() == b""
+
+
+def test_exposition_rendered_once_per_generation() -> None:
+    exporter = PrometheusExporter()
+    first = exporter.exposition()
+    assert exporter.exposition() is first and exporter.renders == 1
+    exporter.update(doc(0, {"/a": np.arange(1, 10) * 1000}))
+    second = exporter.exposition()
+    assert second is not first and exporter.exposition() is second and exporter.renders == 2
+    assert b'tailsight_runqueue_wait_seconds_count{cgroup="/a",probe="runqueue"} 9.0' in second
