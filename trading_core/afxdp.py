@@ -46,6 +46,10 @@ _UMEM_REG = struct.Struct("=QQIIII")
 # rx_fill_ring_empty_descs, tx_ring_empty_descs.
 _STATS = struct.Struct("=QQQQQQ")
 _SOCKADDR_XDP = struct.Struct("=HHIII")  # family, flags, ifindex, queue_id, shared_umem_fd
+# struct rx_meta of xsk_redirect.bpf.c: written by the XDP program just before the frame.
+_RX_META = struct.Struct("=QQ")
+RX_META_MAGIC: Final = 0x747372786D657461
+NO_STAMP: Final = -1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -169,6 +173,11 @@ class XskSocket:
 
     def receive(self, timeout_ms: int = 0, limit: int = 256) -> list[bytes]:
         """Up to ``limit`` frames now in the RX ring, waiting at most ``timeout_ms`` for one."""
+        return [frame for frame, _ in self.receive_stamped(timeout_ms, limit)]
+
+    def receive_stamped(self, timeout_ms: int = 0, limit: int = 256) -> list[tuple[bytes, int]]:
+        """Like ``receive``, each frame with the XDP program's arrival stamp (CLOCK_MONOTONIC
+        ns) from its metadata, or ``NO_STAMP`` when the frame carries none."""
         rx, fill = self.rx, self.fill
         consumer = rx.consumer()
         available = (rx.producer() - consumer) & 0xFFFFFFFF
@@ -178,14 +187,22 @@ class XskSocket:
         if not available:
             return []
         count = min(available, limit)
-        frames: list[bytes] = []
+        frames: list[tuple[bytes, int]] = []
         fill_producer = fill.producer()
-        rx_map, view, chunk = rx.map, self._umem_view, self.frame_size
+        rx_map, umem, view, chunk = rx.map, self.umem, self._umem_view, self.frame_size
+        meta_unpack, meta_size, magic = _RX_META.unpack_from, _RX_META.size, RX_META_MAGIC
         for step in range(count):
             addr, length, _options = _DESC.unpack_from(
                 rx_map, rx.desc_at + ((consumer + step) & rx.mask) * _DESC.size
             )
-            frames.append(bytes(view[addr : addr + length]))
+            stamp = NO_STAMP
+            if addr % chunk >= meta_size:
+                found, rx_ns = meta_unpack(umem, addr - meta_size)
+                if found == magic:
+                    stamp = rx_ns
+                    # A later frame in this chunk without metadata must not inherit the stamp.
+                    _U64.pack_into(umem, addr - meta_size, 0)
+            frames.append((bytes(view[addr : addr + length]), stamp))
             # Aligned mode: the chunk base goes back, whatever headroom the kernel used.
             _U64.pack_into(
                 fill.map,

@@ -163,6 +163,18 @@ class Book:
         self._handlers: dict[type, Callable[[Any], TradeEvent | None]] = {}
         self._bind_handlers()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The dispatch table holds closures over self: rebuilt on unpickling (replay sends the
+        # trading process's final book back to the parent).
+        state = dict(self.__dict__)
+        del state["_handlers"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._handlers = {}
+        self._bind_handlers()
+
     # ----------------------------------------------------------------- direct methods
 
     def add(self, locate: int, ref: int, side: str, price: int, shares: int) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "LiveSystem",
     "cgroup_dir",
     "join_cgroup",
+    "remove_cgroup_tree",
     "remove_cgroups",
 ]
 
@@ -60,6 +61,16 @@ def cgroup_dir(component: str, base: str = BASE_CGROUP, mount: Path | None = Non
 def join_cgroup(directory: Path, pid: int = 0) -> None:
     """Move ``pid`` (0 = the calling process) into the cgroup."""
     (directory / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def remove_cgroup_tree(root: Path) -> list[str]:
+    """Remove ``root`` and every cgroup below it, deepest first; returns what was removed."""
+    if not root.is_dir():
+        return []
+    directories = sorted(
+        (p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+    )
+    return [str(d) for d in [*directories, root] if _rmdir_retrying(d)]
 
 
 def remove_cgroups(base: str = BASE_CGROUP, mount: Path | None = None) -> list[str]:

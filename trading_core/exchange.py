@@ -133,6 +133,7 @@ class ExchangeStats:
     undecodable: int = 0  # replayed messages passed on without being understood
     dropped_packets: int = 0  # feed packets with messages refused by the kernel (EPERM: a firewall)
     dropped_messages: int = 0  # the messages those packets carried
+    order_handling_ns: int = 0  # time spent handling client messages: orders / this = capacity
 
 
 @dataclass
@@ -250,6 +251,9 @@ class Exchange:
         self.symbols: dict[int, str] = {}
         self._accounts = {name: _Account(password) for name, password in accounts.items()}
         self._store: list[bytes] = []  # published ITCH messages, sequence = index + 1
+        # Per published message: the index of the replayed message it came from, or -1 when
+        # our trading caused it (a resting client order's add, a client fill).
+        self.sources: list[int] = []
         self._consumed: dict[int, tuple[int, str]] = {}  # market ref -> (locate, side)
         self._next_client_ref = CLIENT_REF_BASE
         self._market_ts_ns = 0
@@ -374,10 +378,13 @@ class Exchange:
         """Apply replayed market messages now, in this thread (instead of the market thread)."""
         with self._lock:
             out: list[itch.Message | bytes] = []
+            sources: list[int] = []
             for message in messages:
                 raw = message if isinstance(message, bytes) else itch.encode(message)
+                index = self.stats.market_messages
                 self._apply_market(raw, out)
-            self._publish(out)
+                sources.extend([index] * (len(out) - len(sources)))
+            self._publish(out, sources)
 
     def handle(self, username: str, message: ouch.InboundMessage) -> None:
         """Process one OUCH message from ``username`` as if it came over its session."""
@@ -402,13 +409,16 @@ class Exchange:
         self.stats.packets += 1
         self._last_packet = time.monotonic()
 
-    def _publish(self, messages: Sequence[itch.Message | bytes]) -> None:
+    def _publish(
+        self, messages: Sequence[itch.Message | bytes], sources: Sequence[int] | None = None
+    ) -> None:
         """Sequence, store and send (caller holds the lock, so packets leave in sequence)."""
         if not messages:
             return
         wire = [m if isinstance(m, bytes) else itch.encode(m) for m in messages]
         first = len(self._store) + 1
         self._store.extend(wire)
+        self.sources.extend([-1] * len(wire) if sources is None else sources)
         self.stats.published_messages += len(wire)
         for packet in pack_messages(self.session, first, wire, self.max_payload):
             self._send_packet(packet)
@@ -495,9 +505,12 @@ class Exchange:
                 next_packet_at = max(next_packet_at, time.monotonic()) + min_gap_s
             with self._lock:
                 out: list[itch.Message | bytes] = []
+                sources: list[int] = []
                 for raw in batch:
+                    index = self.stats.market_messages
                     self._apply_market(raw, out)
-                self._publish(out)
+                    sources.extend([index] * (len(out) - len(sources)))
+                self._publish(out, sources)
             batch, batch_bytes = [], 20
 
         for raw in self._market:
@@ -857,6 +870,13 @@ class Exchange:
         )
 
     def _on_message(self, username: str, data: bytes) -> None:
+        started_ns = time.perf_counter_ns()
+        try:
+            self._handle_message(username, data)
+        finally:
+            self.stats.order_handling_ns += time.perf_counter_ns() - started_ns
+
+    def _handle_message(self, username: str, data: bytes) -> None:
         account = self._accounts[username]
         message = ouch.decode_inbound(data)
         with self._lock:

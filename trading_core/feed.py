@@ -6,6 +6,11 @@ socket drained with ``recvmmsg`` (one syscall per batch). Either way the handler
 sequence numbers, re-requests gaps from the exchange's re-request service (its answers come back
 to the request socket, which XDP passes to the stack), decodes each message and applies it to the
 book, stamping every stage into an optional ``StageTimer``.
+
+Each datagram carries the kernel's receive time on CLOCK_MONOTONIC (the clock of the stage
+stamps): on UDP the socket's ``SO_TIMESTAMPNS`` (realtime, taken when the veth hands the frame to
+the stack) moved onto CLOCK_MONOTONIC by its age at pickup; on AF_XDP the XDP program's
+``bpf_ktime_get_ns`` from the frame's metadata.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import select
 import socket
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +33,15 @@ from tailsight.trading_core.moldudp64 import (
     encode_request,
 )
 from tailsight.trading_core.netns import Topology, in_netns
-from tailsight.trading_core.timing import BOOK, DECODE, RECEIVE, StageTimer
+from tailsight.trading_core.timing import BOOK, DECODE, KERNEL_RX, RECEIVE, UNSET, StageTimer
 
 PATHS: Final = ("afxdp", "udp")
 XSK_PROGRAM: Final = Path(__file__).resolve().parent / "xsk_redirect.bpf.c"
 _MSG_DONTWAIT: Final = 0x40
+_SO_TIMESTAMPNS: Final = 35  # asm-generic/socket.h (SO_TIMESTAMPNS_OLD); SCM_ type is the same
+_CONTROL_SLOT: Final = 64  # cmsghdr (16) + struct timespec (16), with room
+_CMSG: Final = struct.Struct("=Qii")  # cmsg_len, cmsg_level, cmsg_type
+_TIMESPEC: Final = struct.Struct("=qq")
 
 OnMessage = Callable[[int, itch.Message, TradeEvent | None], None]
 """Called after the book took message ``sequence``: (sequence, message, trade it printed)."""
@@ -45,7 +55,10 @@ class ReceivePath(Protocol):
 
     def fileno(self) -> int: ...
 
-    def receive(self) -> list[bytes]: ...
+    def receive(self) -> list[tuple[bytes, int]]:
+        """Datagrams now queued, each with its kernel receive time (CLOCK_MONOTONIC ns, or
+        ``UNSET`` when the kernel gave none)."""
+        ...
 
     def counters(self) -> dict[str, int]: ...
 
@@ -73,7 +86,8 @@ class _MMsgHdr(ctypes.Structure):
 
 
 class UdpPath:
-    """Plain UDP socket on (trading_ip, feed_port), drained ``batch`` datagrams per recvmmsg."""
+    """Plain UDP socket on (trading_ip, feed_port), drained ``batch`` datagrams per recvmmsg,
+    each with its ``SO_TIMESTAMPNS`` kernel receive stamp."""
 
     name = "udp"
     xdp_mode = "none"
@@ -81,47 +95,72 @@ class UdpPath:
     def __init__(self, ip: str, port: int, batch: int = 64, slot: int = 2048) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         self.sock.bind((ip, port))
         self.sock.setblocking(False)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._slot = slot
         self._buffer = ctypes.create_string_buffer(batch * slot)
         self._view = memoryview(self._buffer).cast("B")
+        self._control = ctypes.create_string_buffer(batch * _CONTROL_SLOT)
         self._iovecs = (_IoVec * batch)()
         self._headers = (_MMsgHdr * batch)()
         base = ctypes.addressof(self._buffer)
+        control = ctypes.addressof(self._control)
         for index in range(batch):
             self._iovecs[index].iov_base = base + index * slot
             self._iovecs[index].iov_len = slot
             header = self._headers[index].msg_hdr
             header.msg_iov = ctypes.pointer(self._iovecs[index])
             header.msg_iovlen = 1
+            header.msg_control = control + index * _CONTROL_SLOT
+            header.msg_controllen = _CONTROL_SLOT
         self._batch = batch
         self.datagrams = 0
         self.syscalls = 0
+        self.unstamped = 0
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def receive(self) -> list[bytes]:
-        received: list[bytes] = []
+    def receive(self) -> list[tuple[bytes, int]]:
+        received: list[tuple[bytes, int]] = []
+        headers, control = self._headers, self._control
         while True:
             count = self._libc.recvmmsg(
-                self.sock.fileno(), self._headers, self._batch, _MSG_DONTWAIT, None
+                self.sock.fileno(), headers, self._batch, _MSG_DONTWAIT, None
             )
             self.syscalls += 1
             if count <= 0:
                 return received  # EAGAIN: drained
+            # The stamps are realtime: their age now, subtracted from the monotonic clock,
+            # puts them on the stage clock without trusting realtime over longer spans.
+            real_now, mono_now = time.time_ns(), time.perf_counter_ns()
             view, slot = self._view, self._slot
             for index in range(count):
                 start = index * slot
-                received.append(bytes(view[start : start + self._headers[index].msg_len]))
+                header = headers[index]
+                stamp = UNSET
+                at = index * _CONTROL_SLOT
+                if header.msg_hdr.msg_controllen >= _CMSG.size + _TIMESPEC.size:
+                    _length, level, kind = _CMSG.unpack_from(control, at)
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                        seconds, nanoseconds = _TIMESPEC.unpack_from(control, at + _CMSG.size)
+                        stamp = mono_now - (real_now - (seconds * 1_000_000_000 + nanoseconds))
+                if stamp == UNSET:
+                    self.unstamped += 1
+                header.msg_hdr.msg_controllen = _CONTROL_SLOT  # the kernel shrank it
+                received.append((bytes(view[start : start + header.msg_len]), stamp))
             self.datagrams += count
             if count < self._batch:
                 return received
 
     def counters(self) -> dict[str, int]:
-        return {"udp_datagrams": self.datagrams, "udp_recvmmsg_calls": self.syscalls}
+        return {
+            "udp_datagrams": self.datagrams,
+            "udp_recvmmsg_calls": self.syscalls,
+            "rx_unstamped": self.unstamped,
+        }
 
     def close(self) -> None:
         self._view.release()
@@ -131,7 +170,9 @@ class UdpPath:
 class AfXdpPath:
     """XDP redirect of the feed port to an AF_XDP socket on ``ifname`` queue 0 (copy mode).
 
-    Construct it inside the interface's namespace: the attach resolves ``ifname`` there.
+    Construct it inside the interface's namespace: the attach resolves ``ifname`` there. The
+    program is compiled once; ``detach``/``attach`` take it off the interface and put it back
+    (a UDP run on the same interface must not have its datagrams steered away).
     """
 
     name = "afxdp"
@@ -144,36 +185,49 @@ class AfXdpPath:
         from bcc import BPF
 
         from tailsight.probes.loader import compile_source
-        from tailsight.trading_core.afxdp import XDP_MODE, XskSocket, udp_payload
+        from tailsight.trading_core.afxdp import NO_STAMP, XDP_MODE, XskSocket, udp_payload
 
         self.xdp_mode = XDP_MODE
         self._udp_payload = udp_payload
+        self._no_stamp = NO_STAMP
         self.ifname = ifname
         self.port = port
         self._bpf = compile_source(XSK_PROGRAM, [f"-DFEED_PORT={port}"])
         self.xsk = XskSocket(ifname, queue_id, frames=frames, ring_size=ring_size)
         try:
             self._bpf[b"feed_sockets"][ct.c_int(queue_id)] = ct.c_int(self.xsk.fd)
-            program = self._bpf.load_func(b"xsk_redirect", BPF.XDP)
-            BPF.attach_xdp(ifname.encode(), program, BPF.XDP_FLAGS_SKB_MODE)
+            self._program = self._bpf.load_func(b"xsk_redirect", BPF.XDP)
         except Exception:
             self.xsk.close()
             self._bpf.cleanup()
             raise
-        self._attached = True
+        self._attached = False
+        self.attach()
         self.not_feed = 0
+        self.unstamped = 0
+
+    def attach(self) -> None:
+        """Put the program on the interface (call inside the namespace)."""
+        from bcc import BPF
+
+        if not self._attached:
+            BPF.attach_xdp(self.ifname.encode(), self._program, BPF.XDP_FLAGS_SKB_MODE)
+            self._attached = True
 
     def fileno(self) -> int:
         return self.xsk.fd
 
-    def receive(self) -> list[bytes]:
-        payloads: list[bytes] = []
-        for frame in self.xsk.receive():
+    def receive(self) -> list[tuple[bytes, int]]:
+        payloads: list[tuple[bytes, int]] = []
+        for frame, stamp in self.xsk.receive_stamped():
             payload = self._udp_payload(frame, self.port)
             if payload is None:
                 self.not_feed += 1
-            else:
-                payloads.append(payload)
+                continue
+            if stamp == self._no_stamp:
+                self.unstamped += 1
+                stamp = UNSET
+            payloads.append((payload, stamp))
         return payloads
 
     def counters(self) -> dict[str, int]:
@@ -186,6 +240,7 @@ class AfXdpPath:
             "xsk_rx_dropped": stats.rx_dropped,
             "xsk_rx_ring_full": stats.rx_ring_full,
             "xsk_fill_ring_empty": stats.rx_fill_ring_empty_descs,
+            "rx_unstamped": self.unstamped,
         }
 
     def detach(self) -> None:
@@ -221,20 +276,27 @@ class FeedHandler:
     def __init__(
         self,
         topo: Topology,
-        path: str = "udp",
+        path: str | ReceivePath = "udp",
         *,
         book: Book | None = None,
         timer: StageTimer | None = None,
         on_message: OnMessage | None = None,
         rerequest_timeout_ms: float = 20.0,
+        session: str | None = None,
     ) -> None:
         self.topo = topo
         self.book = book if book is not None else Book()
         self.timer = timer
         self.on_message = on_message
-        self.receiver = MoldReceiver()
+        # With ``session`` set, packets of any other (an earlier run's) are ignored.
+        self.receiver = MoldReceiver(session=session)
         self.rerequest_timeout_ns = int(rerequest_timeout_ms * 1e6)
-        self.path = open_path(path, topo)
+        # A path passed in open stays open (it outlives this session); one named here is ours.
+        self._owns_path = isinstance(path, str)
+        self.path = open_path(path, topo) if isinstance(path, str) else path
+        if not self._owns_path:
+            self.path.receive()  # what an earlier session left queued is not ours
+        self._path_base = {} if self._owns_path else self.path.counters()
         with in_netns(topo.trading_ns):
             self.request_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.request_sock.bind((topo.trading_ip, 0))
@@ -270,14 +332,14 @@ class FeedHandler:
         payloads = self.path.receive()
         if payloads:
             received_ns = time.perf_counter_ns()
-            for payload in payloads:
-                delivered += self._on_datagram(payload, received_ns, retransmission=False)
+            for payload, kernel_ns in payloads:
+                delivered += self._on_datagram(payload, kernel_ns, received_ns, False)
         while True:
             try:
                 payload = self.request_sock.recv(65536)
             except BlockingIOError:
                 break
-            delivered += self._on_datagram(payload, time.perf_counter_ns(), retransmission=True)
+            delivered += self._on_datagram(payload, UNSET, time.perf_counter_ns(), True)
         self._maybe_rerequest()
         for fd, _event in events:
             reader = self._readers.get(fd)
@@ -285,7 +347,9 @@ class FeedHandler:
                 reader()
         return delivered
 
-    def _on_datagram(self, payload: bytes, received_ns: int, retransmission: bool) -> int:
+    def _on_datagram(
+        self, payload: bytes, kernel_ns: int, received_ns: int, retransmission: bool
+    ) -> int:
         try:
             packet = decode_packet(payload)
         except ValueError:
@@ -310,18 +374,19 @@ class FeedHandler:
             row = sequence - 1
             timed = timer is not None and row < capacity
             if timed:
-                timer.stamps[row, RECEIVE] = received_ns  # type: ignore[union-attr]
+                stamps = timer.stamps  # type: ignore[union-attr]
+                stamps[row, KERNEL_RX] = kernel_ns
+                stamps[row, RECEIVE] = received_ns
             try:
                 message = itch.decode(raw)
             except ValueError:
                 self.decode_errors += 1
                 continue
             if timed:
-                timer.stamps[row, DECODE] = time.perf_counter_ns()  # type: ignore[union-attr]
-                timer.exchange_ts_ns[row] = message.timestamp_ns  # type: ignore[union-attr]
+                stamps[row, DECODE] = time.perf_counter_ns()
             trade = book.apply(message)
             if timed:
-                timer.stamps[row, BOOK] = time.perf_counter_ns()  # type: ignore[union-attr]
+                stamps[row, BOOK] = time.perf_counter_ns()
             if on_message is not None:
                 on_message(sequence, message, trade)
         return len(delivery.messages)
@@ -366,15 +431,20 @@ class FeedHandler:
             "retransmitted_packets": self.retransmitted_packets,
             "recovered_messages": self.recovered_messages,
             "decode_errors": self.decode_errors,
-            **self.path.counters(),
+            "foreign_packets": self.receiver.foreign_packets,
+            **{
+                name: value - self._path_base.get(name, 0)
+                for name, value in self.path.counters().items()
+            },
         }
 
     def close(self) -> None:
-        """Detach XDP (if any) inside the namespace and close every socket."""
-        if isinstance(self.path, AfXdpPath):
-            with in_netns(self.topo.trading_ns):
-                self.path.detach()
-        self.path.close()
+        """Close the request socket; a path we opened is detached (XDP) and closed too."""
+        if self._owns_path:
+            if isinstance(self.path, AfXdpPath):
+                with in_netns(self.topo.trading_ns):
+                    self.path.detach()
+            self.path.close()
         self.request_sock.close()
 
     def __enter__(self) -> FeedHandler:

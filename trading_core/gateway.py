@@ -1,10 +1,13 @@
 """OUCH 5.0 order-entry client over SoupBinTCP 4.1: login, orders, heartbeats, reconnect.
 
-A background thread reads the session: it tracks the next expected sequence number (so a
-reconnect asks for exactly what was missed), keeps the account's orders and fills as seen from
-here (an ``AccountView``, to reconcile with the exchange's), sends a client heartbeat after a
-second without sending, and drops the session when the server is silent for the timeout
-(SoupBinTCP 4.1: heartbeats every second, 15 s of silence means the link is dead).
+A background thread reads the session (or, with ``reader_thread=False``, the caller's own poll
+loop calls ``on_readable`` and ``service``, so a tick-to-trade thread handles its responses
+between ticks instead of fighting a second thread for the GIL): it tracks the next expected
+sequence number (so a reconnect asks for exactly what was missed), keeps the account's orders
+and fills as seen from here (an ``AccountView``, to reconcile with the exchange's), sends a
+client heartbeat after a second without sending, and drops the session when the server is
+silent for the timeout (SoupBinTCP 4.1: heartbeats every second, 15 s of silence means the
+link is dead).
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ class Gateway:
         heartbeat_timeout_s: float = 15.0,
         send_heartbeats: bool = True,
         on_message: Callable[[ouch.OutboundMessage], None] | None = None,
+        reader_thread: bool = True,
     ) -> None:
         self.topo = topo
+        self.reader_thread = reader_thread
         self.username = username
         self.password = password
         self.netns = topo.trading_ns if netns is None else netns
@@ -76,9 +81,12 @@ class Gateway:
         self._send_lock = threading.Lock()
         self._state = threading.Condition()
         self._reader: threading.Thread | None = None
+        self._framer = soup.SoupFramer()
+        self._closing: str | None = None
         self._stop = threading.Event()
         self._last_sent = 0.0
         self._last_received = 0.0
+        self.last_send_ns = 0  # perf_counter_ns just before the latest send() (tick-to-trade)
 
     @property
     def connected(self) -> bool:
@@ -128,19 +136,27 @@ class Gateway:
         self.next_sequence = first.sequence_number
         self._sock = sock
         self.disconnect_reason = None
+        self._closing = None
         self._last_sent = self._last_received = time.monotonic()
         self._stop.clear()
         for packet in packets[1:]:
             self._on_packet(packet)
-        self._reader = threading.Thread(
-            target=self._read, args=(sock, framer), name="gateway-reader", daemon=True
-        )
-        self._reader.start()
+        self._framer = framer
+        if self.reader_thread:
+            self._reader = threading.Thread(target=self._read, name="gateway-reader", daemon=True)
+            self._reader.start()
         return first.sequence_number
+
+    def fileno(self) -> int:
+        """The session socket, for an external poll loop (``reader_thread=False``)."""
+        if self._sock is None:
+            raise GatewayError("not connected")
+        return self._sock.fileno()
 
     def logout(self) -> None:
         """Send Logout Request and close (the server closes its side too)."""
         if self.connected:
+            self._closing = "logout"  # the server closing its side now is our doing
             with contextlib.suppress(OSError):
                 self._send(soup.LogoutRequest())
         self._shutdown("logout")
@@ -187,14 +203,14 @@ class Gateway:
         """Send Enter Order; returns its UserRefNum (day-unique, increasing)."""
         ref = self.next_user_ref_num if user_ref_num is None else user_ref_num
         self.next_user_ref_num = max(self.next_user_ref_num, ref + 1)
-        message = ouch.EnterOrder(
+        body = ouch.encode_enter_order(
             ref, side, quantity, symbol, price, time_in_force, "Y", "P", "N", "N", f"TS{ref:012d}"
         )
         with self._state:
             self.view.orders.setdefault(
                 ref, OrderRecord(ref, symbol, order_side(side), price, quantity)
             )
-        self._send(soup.UnsequencedData(ouch.encode(message)))
+        self._send_wire(soup.encode_unsequenced(body))
         return ref
 
     def cancel(self, user_ref_num: int, quantity: int = 0) -> None:
@@ -205,11 +221,15 @@ class Gateway:
         self._send(soup.UnsequencedData(ouch.encode(message)))
 
     def _send(self, packet: soup.Packet) -> None:
+        self._send_wire(soup.encode(packet))
+
+    def _send_wire(self, wire: bytes) -> None:
         sock = self._sock
         if sock is None or self.disconnect_reason is not None:
             raise GatewayError(f"not connected ({self.disconnect_reason})")
         with self._send_lock:
-            sock.sendall(soup.encode(packet))
+            self.last_send_ns = time.perf_counter_ns()
+            sock.sendall(wire)
             self._last_sent = time.monotonic()
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
@@ -229,39 +249,65 @@ class Gateway:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _read(self, sock: socket.socket, framer: soup.SoupFramer) -> None:
+    def on_readable(self) -> None:
+        """The socket is readable: take what arrived and apply it (never blocks for more)."""
+        sock = self._sock
+        if sock is None or self.disconnect_reason is not None:
+            return
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, TimeoutError):
+            return
+        except OSError as error:
+            self._lost(f"error: {error}")
+            return
+        if not data:
+            self._lost("closed by peer")
+            return
+        self._last_received = time.monotonic()
+        try:
+            for packet in self._framer.feed(data):
+                self._on_packet(packet)
+                if isinstance(packet, soup.EndOfSession):
+                    self._lost("end of session")
+                    return
+        except ValueError as error:
+            self._lost(f"error: {error}")
+
+    def service(self) -> None:
+        """Heartbeats and the silence timeout; call at least every ``heartbeat_interval_s``."""
+        if self._sock is None or self.disconnect_reason is not None:
+            return
+        now = time.monotonic()
+        if now - self._last_received > self.heartbeat_timeout_s:
+            self._lost("heartbeat timeout")
+        elif self.send_heartbeats and now - self._last_sent > self.heartbeat_interval_s:
+            try:
+                self._send(soup.ClientHeartbeat())
+            except OSError as error:
+                self._lost(f"error: {error}")
+                return
+            self.heartbeats_sent += 1
+
+    def _lost(self, reason: str) -> None:
+        with self._state:
+            if self.disconnect_reason is None:
+                self.disconnect_reason = self._closing or reason
+            self._state.notify_all()
+
+    def _read(self) -> None:
+        sock = self._sock
+        assert sock is not None
         selector = selectors.DefaultSelector()
         selector.register(sock, selectors.EVENT_READ)
-        reason = "closed by peer"
         try:
-            while not self._stop.is_set():
-                ready = selector.select(timeout=min(0.05, self.heartbeat_interval_s))
-                now = time.monotonic()
-                if ready:
-                    data = sock.recv(65536)
-                    if not data:
-                        break
-                    self._last_received = now
-                    for packet in framer.feed(data):
-                        self._on_packet(packet)
-                        if isinstance(packet, soup.EndOfSession):
-                            reason = "end of session"
-                            return
-                if now - self._last_received > self.heartbeat_timeout_s:
-                    reason = "heartbeat timeout"
-                    return
-                if self.send_heartbeats and now - self._last_sent > self.heartbeat_interval_s:
-                    self._send(soup.ClientHeartbeat())
-                    self.heartbeats_sent += 1
-            reason = self.disconnect_reason or reason
-        except (OSError, ValueError) as error:
-            reason = f"error: {error}"
+            while not self._stop.is_set() and self.disconnect_reason is None:
+                if selector.select(timeout=min(0.05, self.heartbeat_interval_s)):
+                    self.on_readable()
+                self.service()
         finally:
             selector.close()
-            with self._state:
-                if self.disconnect_reason is None:
-                    self.disconnect_reason = reason
-                self._state.notify_all()
+            self._lost("closed" if self._stop.is_set() else "closed by peer")
 
     def _on_packet(self, packet: soup.Packet) -> None:
         if isinstance(packet, soup.ServerHeartbeat):

@@ -676,6 +676,48 @@ def encode(msg: Message) -> bytes:
     return fixed + len(body).to_bytes(2, "big") + body
 
 
+_ENTER_ORDER = struct.Struct(">cIcI8sQccccc14sH")  # EnterOrder, empty appendage (length 0)
+
+
+def encode_enter_order(
+    user_ref_num: int,
+    side: str,
+    quantity: int,
+    symbol: str,
+    price: int,
+    time_in_force: str,
+    display: str,
+    capacity: str,
+    intermarket_sweep_eligibility: str,
+    cross_type: str,
+    cl_ord_id: str,
+) -> bytes:
+    """``encode(EnterOrder(...))`` without building the message: the order path's hot call.
+
+    Same bytes for valid fields; a bad field (a wrong width, out of range) raises ValueError.
+    """
+    if len(symbol) > 8 or len(cl_ord_id) > 14:  # struct's "Ns" would cut them silently
+        raise ValueError(f"EnterOrder: symbol {symbol!r} or ClOrdID {cl_ord_id!r} too long")
+    try:
+        return _ENTER_ORDER.pack(
+            b"O",
+            user_ref_num,
+            side.encode("latin-1"),
+            quantity,
+            symbol.encode("latin-1").ljust(8),
+            price,
+            time_in_force.encode("latin-1"),
+            display.encode("latin-1"),
+            capacity.encode("latin-1"),
+            intermarket_sweep_eligibility.encode("latin-1"),
+            cross_type.encode("latin-1"),
+            cl_ord_id.encode("latin-1").ljust(14),
+            0,
+        )
+    except (struct.error, UnicodeEncodeError) as error:
+        raise ValueError(f"EnterOrder: field out of range ({error})") from error
+
+
 def _decode(data: bytes | bytearray | memoryview, codecs: dict[bytes, _Codec]) -> Message:
     data = bytes(data)
     if not data:

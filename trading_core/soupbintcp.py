@@ -201,6 +201,13 @@ def encode(packet: Packet) -> bytes:
     return len(body).to_bytes(2, "big") + body
 
 
+def encode_unsequenced(message: bytes) -> bytes:
+    """``encode(UnsequencedData(message))`` without the packet object (the order path)."""
+    if len(message) + 1 > MAX_PACKET_LENGTH:
+        raise ValueError(f"packet of {len(message) + 1} bytes does not fit the 2-byte length")
+    return (len(message) + 1).to_bytes(2, "big") + b"U" + message
+
+
 _FIXED_PAYLOAD = {b"A": 30, b"J": 1, b"L": 46, b"H": 0, b"Z": 0, b"R": 0, b"O": 0}
 
 

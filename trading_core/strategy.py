@@ -6,11 +6,18 @@ liquidity (an immediate-or-cancel order at the touch) when the queue imbalance, 
 external signal, passes a threshold. The signal comes from ``SignalHook``: an inference stage
 publishes into it asynchronously and the strategy only reads the latest value, never waits.
 Every order passes ``RiskLimits`` (max order size, max position, price band around the mid) first.
+
+For latency measurement ``act_share`` makes it also act on that share of *all* book updates
+(not only top changes): an immediate-or-cancel order joining its own side's touch (sides taking
+turns), which cannot cross so it costs the exchange one accept and one cancel and moves no
+position. ``inject_delay_ns`` (calibration only) busy-waits that long before each order is sent,
+a known regression for checking that a latency gate sees one.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -109,6 +116,14 @@ class StrategyConfig:
     take_shares: int = 100
     take_threshold: float = 0.8  # imbalance + signal needed to take
     take_cooldown_events: int = 50  # book events per symbol between two takes
+    act_share: float = 0.0  # also send a non-crossing IOC on this share of all book updates
+    inject_delay_ns: int = 0  # calibration only: busy-wait before each order goes out
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.act_share <= 1.0:
+            raise ValueError(f"act_share must be in [0, 1], got {self.act_share}")
+        if self.inject_delay_ns < 0:
+            raise ValueError(f"inject_delay_ns must be >= 0, got {self.inject_delay_ns}")
 
 
 @dataclass
@@ -151,6 +166,11 @@ class Strategy:
         self.orders_sent = 0
         self.cancels_sent = 0
         self.halted = False
+        # Open shares per (locate, side), kept as orders go out and responses come in: the
+        # position check needs them on every order, a scan of all open orders was O(n).
+        self._open_shares: dict[tuple[int, str], int] = {}
+        self._share_credit = 0.0
+        self._probe_side = "B"
         self._lock = threading.RLock()
 
     def halt(self) -> None:
@@ -174,6 +194,32 @@ class Strategy:
             actions = self._requote(locate, symbol, state, top)
             actions += self._maybe_take(locate, symbol, state, top)
             return actions
+
+    def on_update(self, locate: int, top: TopOfBook, top_changed: bool) -> int:
+        """A book update of ``locate``: ``on_book`` when the top changed, plus the ``act_share``
+        orders; returns how many orders/cancels were sent."""
+        actions = self.on_book(locate, top) if top_changed else 0
+        share = self.config.act_share
+        if share:
+            # Deterministic spacing: exactly round(share * updates) orders, evenly spread.
+            self._share_credit += share
+            if self._share_credit >= 1.0:
+                self._share_credit -= 1.0
+                actions += self._act(locate, top)
+        return actions
+
+    def _act(self, locate: int, top: TopOfBook) -> int:
+        if self.halted or not (top.bid_price and top.ask_price) or top.bid_price >= top.ask_price:
+            return 0
+        symbol = self.symbols.get(locate)
+        if symbol is None:
+            return 0
+        with self._lock:
+            side = self._probe_side
+            self._probe_side = "S" if side == "B" else "B"
+            price = top.bid_price if side == "B" else top.ask_price
+            shares = self.config.quote_shares
+            return int(self._submit(locate, symbol, side, price, shares, IOC, top) is not None)
 
     def _requote(self, locate: int, symbol: str, state: _SymbolState, top: TopOfBook) -> int:
         config = self.config
@@ -229,12 +275,8 @@ class Strategy:
         time_in_force: str,
         top: TopOfBook,
     ) -> int | None:
-        open_buy = sum(
-            o.open_shares for o in self.orders.values() if o.locate == locate and o.side == "B"
-        )
-        open_sell = sum(
-            o.open_shares for o in self.orders.values() if o.locate == locate and o.side == "S"
-        )
+        open_buy = self._open_shares.get((locate, "B"), 0)
+        open_sell = self._open_shares.get((locate, "S"), 0)
         mid = (top.bid_price + top.ask_price) // 2
         failed = self.risk.check(
             side, price, shares, self.position(locate), open_buy, open_sell, mid
@@ -242,8 +284,13 @@ class Strategy:
         if failed is not None:
             self.risk_rejects[failed] += 1
             return None
+        if self.config.inject_delay_ns:
+            until = time.perf_counter_ns() + self.config.inject_delay_ns
+            while time.perf_counter_ns() < until:
+                pass
         ref = self.sink.enter_order(symbol, side, price, shares, time_in_force)
         self.orders[ref] = _Order(ref, locate, side, price, shares)
+        self._open_shares[locate, side] = self._open_shares.get((locate, side), 0) + shares
         self.orders_sent += 1
         return ref
 
@@ -254,6 +301,7 @@ class Strategy:
             order = self.orders.get(ref) if isinstance(ref, int) else None
             if order is None:
                 return
+            before = order.open_shares
             if isinstance(message, ouch.OrderExecuted):
                 signed = message.quantity if order.side == "B" else -message.quantity
                 self.state.setdefault(order.locate, _SymbolState()).position += signed
@@ -264,5 +312,7 @@ class Strategy:
                 order.open_shares = 0
             elif isinstance(message, ouch.CancelReject):
                 order.cancel_sent = False
+            key = (order.locate, order.side)
+            self._open_shares[key] -= before - max(order.open_shares, 0)
             if order.open_shares <= 0:
                 del self.orders[order.user_ref_num]

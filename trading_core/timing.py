@@ -1,17 +1,25 @@
-"""Stage timing for the trading pipeline: perf_counter_ns stamps per tick in preallocated arrays.
+"""Stage timing for the trading pipeline: CLOCK_MONOTONIC stamps per tick in preallocated arrays.
 
-One row per tick (MoldUDP64 sequence - 1). Each stage writes its stamp into its column; nothing
-is allocated on the hot path. A stage's latency is its stamp minus the previous stage's, the first
-stage (receive) counts from the tick's *intended* send time, and tick-to-trade runs from the
-intended send time to the order leaving: measuring from the schedule, not from when the sender
-got round to it, is what keeps a stalled pipeline from hiding its own backlog (coordinated
-omission). Everything ends up as 5 µs histograms in one ``tailsight.hist/1`` document.
+One row per tick (MoldUDP64 sequence - 1); each stage writes its stamp (``perf_counter_ns``, the
+kernel's CLOCK_MONOTONIC, which the XDP program's ``bpf_ktime_get_ns`` also reads) into its
+column, nothing is allocated on the hot path. A stage's latency is its stamp minus the previous
+stage's. Three end-to-end series:
+
+* ``in_system_tick_to_trade``: the frame's kernel receive stamp to the order's ``send()``: our
+  own latency, what a regression gate should watch;
+* ``tick_to_trade``: the tick's *intended* send time to the order's ``send()`` (open loop: a
+  stalled publisher or pipeline is charged to every tick it delayed, no coordinated omission);
+* ``publish_lag``: intended to actual send, the exchange simulator's own delay, reported apart.
+
+A span that comes out negative (a clock stepped, a stamp from another run) cannot be a latency:
+it is counted per series in ``clock_anomalies`` with one example and left out of the histogram.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -20,24 +28,39 @@ import numpy.typing as npt
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 
-STAGES: Final = ("receive", "decode", "book", "decision", "encode", "send", "ack")
-"""Pipeline stages in order; each stamps when it is done with the tick."""
-RECEIVE, DECODE, BOOK, DECISION, ENCODE, SEND, ACK = range(len(STAGES))
+STAGES: Final = ("kernel_rx", "receive", "decode", "book", "decision", "send", "ack")
+"""Stamp columns in pipeline order: kernel receive, user space has the frame, ITCH decoded,
+book applied, strategy (risk checks included) decided, just before the order's send(), acked."""
+KERNEL_RX, RECEIVE, DECODE, BOOK, DECISION, SEND, ACK = range(len(STAGES))
+WIRE: Final = "wire"
+"""Exchange send() to the kernel receive stamp: the network path (veth, XDP or UDP stack)."""
+IN_SYSTEM: Final = "in_system_tick_to_trade"
 TICK_TO_TRADE: Final = "tick_to_trade"
 PUBLISH_LAG: Final = "publish_lag"
-"""Intended send time to the exchange's actual send: the publisher's own delay."""
-WIRE: Final = "wire"
-"""Actual send to receive in user space: the network path under test (XDP/AF_XDP or UDP)."""
+SERIES: Final = (WIRE, *STAGES[1:], IN_SYSTEM, TICK_TO_TRADE, PUBLISH_LAG)
+"""Every series of a run document, as its ``stage`` label."""
 UNSET: Final = -1
 
 
+@dataclass(frozen=True)
+class ClockAnomaly:
+    """Negative spans of one series: how many, and the first one (tick row, start, end)."""
+
+    count: int
+    row: int
+    start_ns: int
+    end_ns: int
+
+    def describe(self) -> str:
+        return f"tick {self.row + 1}: {self.end_ns - self.start_ns} ns"
+
+
 class StageTimer:
-    """Preallocated stamps for ``capacity`` ticks: ``stamps[row, stage]`` in perf_counter_ns."""
+    """Preallocated stamps for ``capacity`` ticks: ``stamps[row, stage]`` in CLOCK_MONOTONIC ns."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.intended_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
-        self.exchange_ts_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         # When the exchange actually sent each tick (same clock, another process), if known.
         self.sent_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         self.stamps: npt.NDArray[np.int64] = np.full((capacity, len(STAGES)), UNSET, np.int64)
@@ -46,38 +69,39 @@ class StageTimer:
         """Record that ``stage`` finished tick ``row`` now (or at ``now_ns``)."""
         self.stamps[row, stage] = time.perf_counter_ns() if now_ns is None else now_ns
 
-    def stage_latencies_ns(self, stage: int) -> npt.NDArray[np.int64]:
-        """Latency of ``stage`` for every tick that reached it (receive: from intended send)."""
-        done = self.stamps[:, stage]
-        start = self.intended_ns if stage == RECEIVE else self.stamps[:, stage - 1]
-        valid = (done != UNSET) & (start != UNSET)
-        return np.asarray(done[valid] - start[valid], dtype=np.int64)
+    def _columns(self) -> dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """Every series as its (start, end) stamp columns, one entry per tick."""
+        stamps = self.stamps
+        columns = {WIRE: (self.sent_ns, stamps[:, KERNEL_RX])}
+        for stage in range(RECEIVE, len(STAGES)):
+            columns[STAGES[stage]] = (stamps[:, stage - 1], stamps[:, stage])
+        columns[IN_SYSTEM] = (stamps[:, KERNEL_RX], stamps[:, SEND])
+        columns[TICK_TO_TRADE] = (self.intended_ns, stamps[:, SEND])
+        columns[PUBLISH_LAG] = (self.intended_ns, self.sent_ns)
+        return columns
 
-    def tick_to_trade_ns(self) -> npt.NDArray[np.int64]:
-        """Intended tick send time to order sent, for ticks that led to an order."""
-        sent = self.stamps[:, SEND]
-        valid = (sent != UNSET) & (self.intended_ns != UNSET)
-        return np.asarray(sent[valid] - self.intended_ns[valid], dtype=np.int64)
+    def latencies_ns(self, name: str) -> npt.NDArray[np.int64]:
+        """Spans of one series for the ticks that have both stamps (negative ones included)."""
+        start, end = self._columns()[name]
+        valid = (start != UNSET) & (end != UNSET)
+        return np.asarray(end[valid] - start[valid], dtype=np.int64)
 
-    def receive_split_ns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """The receive stage in two: (publish lag, wire) for ticks with a known actual send."""
-        sent, received = self.sent_ns, self.stamps[:, RECEIVE]
-        valid = (sent != UNSET) & (received != UNSET) & (self.intended_ns != UNSET)
-        lag = sent[valid] - self.intended_ns[valid]
-        wire = received[valid] - sent[valid]
-        return np.asarray(lag, dtype=np.int64), np.asarray(wire, dtype=np.int64)
-
-    def histograms(self) -> dict[str, Histogram]:
-        """All stages, tick-to-trade, the receive split; a negative span (clock misuse) raises."""
-        result = {
-            name: Histogram.from_samples(self.stage_latencies_ns(index))
-            for index, name in enumerate(STAGES)
-        }
-        result[TICK_TO_TRADE] = Histogram.from_samples(self.tick_to_trade_ns())
-        lag, wire = self.receive_split_ns()
-        result[PUBLISH_LAG] = Histogram.from_samples(lag)
-        result[WIRE] = Histogram.from_samples(wire)
-        return result
+    def histograms(self) -> tuple[dict[str, Histogram], dict[str, ClockAnomaly]]:
+        """A histogram per series, and the negative spans left out of them, per series."""
+        hists: dict[str, Histogram] = {}
+        anomalies: dict[str, ClockAnomaly] = {}
+        for name, (start, end) in self._columns().items():
+            span = end - start
+            keep = (start != UNSET) & (end != UNSET)
+            negative = keep & (span < 0)
+            if negative.any():
+                row = int(np.argmax(negative))
+                anomalies[name] = ClockAnomaly(
+                    int(negative.sum()), row, int(start[row]), int(end[row])
+                )
+                keep &= ~negative
+            hists[name] = Histogram.from_samples(np.asarray(span[keep], dtype=np.int64))
+        return hists, anomalies
 
     def document(
         self,
@@ -86,16 +110,27 @@ class StageTimer:
         end_ns: int,
         counters: Mapping[str, int] | None = None,
     ) -> HistDocument:
-        """The run as ``tailsight.hist/1``: one series per stage, ``labels`` + ``stage``."""
-        series = [
-            Series({**labels, "stage": stage}, hist) for stage, hist in self.histograms().items()
-        ]
+        """The run as ``tailsight.hist/1``: one series per stage, ``labels`` + ``stage``.
+
+        Clock anomalies become ``clock_anomalies`` counters labelled with the series and one
+        example, so a reader sees them next to the histogram they were left out of.
+        """
+        hists, anomalies = self.histograms()
+        series = [Series({**labels, "stage": stage}, hist) for stage, hist in hists.items()]
         counter_list = [
             Counter(name, dict(labels), int(value)) for name, value in (counters or {}).items()
+        ]
+        counter_list += [
+            Counter(
+                "clock_anomalies",
+                {**labels, "stage": stage, "example": anomaly.describe()},
+                anomaly.count,
+            )
+            for stage, anomaly in anomalies.items()
         ]
         return HistDocument(start_ns=start_ns, end_ns=end_ns, series=series, counters=counter_list)
 
 
-def replay_labels(path: str, xdp_mode: str) -> dict[str, str]:
-    """The labels every replay series carries: which receive path and how XDP delivered."""
-    return {"probe": "replay", "path": path, "xdp_mode": xdp_mode}
+def replay_labels(path: str, xdp_mode: str, placement: str = "unpinned") -> dict[str, str]:
+    """The labels every replay series carries: receive path, how XDP delivered, CPU placement."""
+    return {"probe": "replay", "path": path, "xdp_mode": xdp_mode, "placement": placement}

@@ -9,10 +9,12 @@ from hypothesis import strategies as st
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
 from tailsight.trading_core.timing import (
-    ACK,
+    IN_SYSTEM,
+    KERNEL_RX,
     PUBLISH_LAG,
     RECEIVE,
     SEND,
+    SERIES,
     STAGES,
     TICK_TO_TRADE,
     UNSET,
@@ -22,104 +24,120 @@ from tailsight.trading_core.timing import (
 )
 
 
-def _reference(intended: list[int], rows: list[list[int]]) -> dict[str, list[int]]:
-    """Per-stage and tick-to-trade spans, tick by tick, the obvious way."""
-    spans: dict[str, list[int]] = {name: [] for name in (*STAGES, TICK_TO_TRADE)}
-    for start, row in zip(intended, rows, strict=True):
-        previous = start
-        for stage, stamp in enumerate(row):
-            if stamp != UNSET and previous != UNSET:
-                spans[STAGES[stage]].append(stamp - previous)
-            previous = stamp
-        if row[SEND] != UNSET:
-            spans[TICK_TO_TRADE].append(row[SEND] - start)
+def _reference(intended: list[int], sent: list[int], rows: list[list[int]]) -> dict[str, list[int]]:
+    """Every series, tick by tick, the obvious way (negative spans included)."""
+    spans: dict[str, list[int]] = {name: [] for name in SERIES}
+
+    def add(name: str, start: int, end: int) -> None:
+        if start != UNSET and end != UNSET:
+            spans[name].append(end - start)
+
+    for start, sent_at, row in zip(intended, sent, rows, strict=True):
+        add(WIRE, sent_at, row[KERNEL_RX])
+        for stage in range(1, len(STAGES)):
+            add(STAGES[stage], row[stage - 1], row[stage])
+        add(IN_SYSTEM, row[KERNEL_RX], row[SEND])
+        add(TICK_TO_TRADE, start, row[SEND])
+        add(PUBLISH_LAG, start, sent_at)
     return spans
 
 
+_STAMP = st.one_of(st.just(UNSET), st.integers(0, 10**9))
+
+
 @st.composite
-def _ticks(draw: st.DrawFn) -> tuple[list[int], list[list[int]]]:
-    count = draw(st.integers(1, 40))
-    intended, rows = [], []
-    for _ in range(count):
-        start = draw(st.integers(0, 10**12))
-        reached = draw(st.integers(0, len(STAGES)))  # stages the tick went through
-        stamps, now = [], start
-        for _stage in range(reached):
-            now += draw(st.integers(0, 20_000_000))
-            stamps.append(now)
-        intended.append(start)
-        rows.append(stamps + [UNSET] * (len(STAGES) - reached))
-    return intended, rows
+def _ticks(draw: st.DrawFn) -> tuple[list[int], list[int], list[list[int]]]:
+    count = draw(st.integers(1, 30))
+    intended = draw(st.lists(_STAMP, min_size=count, max_size=count))
+    sent = draw(st.lists(_STAMP, min_size=count, max_size=count))
+    rows = [draw(st.lists(_STAMP, min_size=len(STAGES), max_size=len(STAGES))) for _ in intended]
+    return intended, sent, rows
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(_ticks())
-def test_histograms_match_per_tick_reference(ticks: tuple[list[int], list[list[int]]]) -> None:
-    intended, rows = ticks
+def test_histograms_and_anomalies_match_per_tick_reference(
+    ticks: tuple[list[int], list[int], list[list[int]]],
+) -> None:
+    """Arbitrary stamps, out of order included: every non-negative span lands in its series'
+    histogram, every negative one is counted in that series' anomalies, nothing raises."""
+    intended, sent, rows = ticks
     timer = StageTimer(len(rows))
     timer.intended_ns[:] = intended
-    for row, stamps in enumerate(rows):
-        for stage, stamp in enumerate(stamps):
-            if stamp != UNSET:
-                timer.stamp(row, stage, stamp)
-    expected = _reference(intended, rows)
-    histograms = timer.histograms()
-    assert set(histograms) == {*expected, PUBLISH_LAG, WIRE}
-    assert histograms[PUBLISH_LAG].count == histograms[WIRE].count == 0  # no send times given
+    timer.sent_ns[:] = sent
+    timer.stamps[:] = rows
+    expected = _reference(intended, sent, rows)
+    histograms, anomalies = timer.histograms()
+    assert set(histograms) == set(SERIES)
     for name, spans in expected.items():
-        assert histograms[name] == Histogram.from_samples(np.array(spans, dtype=np.int64)), name
-        assert histograms[name].sum_ns == sum(spans)
+        good = [span for span in spans if span >= 0]
+        assert histograms[name] == Histogram.from_samples(np.array(good, dtype=np.int64)), name
+        bad = [span for span in spans if span < 0]
+        if bad:
+            assert anomalies[name].count == len(bad)
+            assert anomalies[name].end_ns - anomalies[name].start_ns == bad[0]
+        else:
+            assert name not in anomalies
 
 
-def test_receive_counts_from_intended_time_not_from_arrival_order() -> None:
-    # Ticks due every 10 µs arrive together after a 1 ms stall: each latency is from its own
-    # intended time, so the stall is charged to every tick it delayed (no coordinated omission).
+def test_negative_span_is_counted_with_an_example_not_raised() -> None:
+    """Regression: a kernel stamp after the order's send (a clock step) raised
+    ``ValueError: negative latency`` from ``histograms`` and the whole replay aborted."""
+    timer = StageTimer(3)
+    timer.intended_ns[:] = [0, 1_000, 2_000]
+    timer.stamps[:, KERNEL_RX] = [10_000, 30_000_000, 12_000]
+    timer.stamps[:, SEND] = [40_000, 10_620_117, 52_000]  # tick 2: 19,379,883 ns "before"
+    document = timer.document(replay_labels("udp", "none"), 0, 1)
+    (in_system,) = document.find(stage=IN_SYSTEM)
+    assert in_system.hist.count == 2
+    assert in_system.hist.sum_ns == 30_000 + 40_000
+    (anomaly,) = [c for c in document.counters if c.name == "clock_anomalies"]
+    assert anomaly.value == 1
+    assert anomaly.labels["stage"] == IN_SYSTEM
+    assert anomaly.labels["example"] == "tick 2: -19379883 ns"
+    again = HistDocument.loads(document.dumps())
+    assert [c.value for c in again.counters if c.name == "clock_anomalies"] == [1]
+
+
+def test_open_loop_counts_from_intended_time_not_from_arrival_order() -> None:
+    # Ticks due every 10 µs arrive together after a 1 ms stall: each open-loop latency is from
+    # its own intended time, so the stall is charged to every tick it delayed.
     timer = StageTimer(5)
     timer.intended_ns[:] = np.arange(5) * 10_000
-    for row in range(5):
-        timer.stamp(row, RECEIVE, 1_000_000)
-    assert timer.stage_latencies_ns(RECEIVE).tolist() == [1_000_000 - 10_000 * i for i in range(5)]
+    timer.stamps[:, SEND] = 1_000_000
+    assert timer.latencies_ns(TICK_TO_TRADE).tolist() == [1_000_000 - 10_000 * i for i in range(5)]
 
 
-def test_unstamped_ticks_are_left_out() -> None:
-    timer = StageTimer(3)
-    timer.intended_ns[:] = [0, 0, UNSET]
-    timer.stamp(0, RECEIVE, 7_000)
-    timer.stamp(2, RECEIVE, 9_000)  # never intended: not a tick of this run
-    assert timer.stage_latencies_ns(RECEIVE).tolist() == [7_000]
-    assert timer.stage_latencies_ns(ACK).size == 0
-    assert timer.tick_to_trade_ns().size == 0
+def test_in_system_is_kernel_receive_to_send_and_excludes_publish_lag() -> None:
+    timer = StageTimer(2)
+    timer.intended_ns[:] = [0, 0]
+    timer.sent_ns[:] = [500_000, 600_000]  # the publisher was half a millisecond late
+    timer.stamps[:, KERNEL_RX] = [510_000, 610_000]
+    timer.stamps[:, RECEIVE] = [515_000, 612_000]
+    timer.stamps[:, SEND] = [540_000, UNSET]  # tick 2 led to no order
+    assert timer.latencies_ns(IN_SYSTEM).tolist() == [30_000]
+    assert timer.latencies_ns(TICK_TO_TRADE).tolist() == [540_000]
+    assert timer.latencies_ns(PUBLISH_LAG).tolist() == [500_000, 600_000]
+    assert timer.latencies_ns(WIRE).tolist() == [10_000, 10_000]
+    assert timer.latencies_ns(STAGES[RECEIVE]).tolist() == [5_000, 2_000]
 
 
-def test_document_round_trips_with_labels_and_counters(tmp_path: object) -> None:
+def test_document_round_trips_with_labels_and_counters() -> None:
     timer = StageTimer(2)
     timer.intended_ns[:] = [0, 100]
+    timer.sent_ns[:] = [1_000, UNSET]
     for stage in range(len(STAGES)):
         timer.stamp(0, stage, 6_000 * (stage + 1))
-    labels = replay_labels("afxdp", "copy/skb")
+    labels = replay_labels("afxdp", "copy/skb", "exchange=0,trading=1")
     document = timer.document(labels, 10, 20, {"gaps_detected": 3})
     again = HistDocument.loads(document.dumps())
-    assert {s.labels["stage"] for s in again.series} == {*STAGES, TICK_TO_TRADE, PUBLISH_LAG, WIRE}
+    assert {s.labels["stage"] for s in again.series} == set(SERIES)
     for series in again.series:
         assert series.labels["probe"] == "replay"
         assert series.labels["path"] == "afxdp"
         assert series.labels["xdp_mode"] == "copy/skb"
-    (tick_to_trade,) = again.find(stage=TICK_TO_TRADE)
-    assert tick_to_trade.hist.count == 1
-    assert tick_to_trade.hist.sum_ns == 6_000 * (SEND + 1)
+        assert series.labels["placement"] == "exchange=0,trading=1"
+    (in_system,) = again.find(stage=IN_SYSTEM)
+    assert in_system.hist.count == 1
+    assert in_system.hist.sum_ns == 6_000 * (SEND + 1) - 6_000 * (KERNEL_RX + 1)
     assert [(c.name, c.value) for c in again.counters] == [("gaps_detected", 3)]
-
-
-def test_receive_splits_into_publish_lag_and_wire_exactly() -> None:
-    timer = StageTimer(4)
-    timer.intended_ns[:] = [0, 1_000, 2_000, 3_000]
-    timer.sent_ns[:] = [500, 1_000, UNSET, 9_000]  # tick 2: send time unknown
-    for row, received in enumerate([20_500, 8_000, 4_000, 9_001]):
-        timer.stamp(row, RECEIVE, received)
-    lag, wire = timer.receive_split_ns()
-    assert lag.tolist() == [500, 0, 6_000]
-    assert wire.tolist() == [20_000, 7_000, 1]
-    histograms = timer.histograms()
-    known = [0, 1, 3]
-    receive_known = sum(int(timer.stamps[r, RECEIVE] - timer.intended_ns[r]) for r in known)
-    assert histograms[PUBLISH_LAG].sum_ns + histograms[WIRE].sum_ns == receive_known
