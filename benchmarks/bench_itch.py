@@ -5,16 +5,19 @@ fastest decode+book (the compiled ``FastBook``) at least a quarter of itch-book'
 
 Usage: bench_itch.py [--quick] [--messages N] [--symbols S] [--seed X] [--file PATH]
   --quick: 150k messages (CI, well under 30 s); default: 5M messages, 50 symbols.
+Also prints what gzip and zero length prefixes cost the framing, next to the plain file.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.fastbook import FastBook
 from tailsight.trading_core.itch_batch import decode_batch
-from tailsight.trading_core.itch_file import iter_itch, iter_itch_chunks
+from tailsight.trading_core.itch_file import GzipReader, iter_itch, iter_itch_chunks, scan_itch
 from tailsight.trading_core.market import write_day
 
 SESSION_DATE = dt.date(2026, 1, 5)
@@ -117,6 +120,44 @@ def warm_fastbook(path: Path) -> float:
     FastBook().apply_buffer(head)
     FastBook().apply_batch(decode_batch(head))
     return time.perf_counter() - start
+
+
+def reading_variants(path: Path, repeats: int) -> None:
+    """What gzip and zero length prefixes (issue 10) cost the framing, next to the plain file;
+    and ``GzipReader`` (keeps all that inflates before damage) next to ``gzip.GzipFile``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        plain = path.read_bytes()
+        packed, zeroed = Path(scratch) / "day.gz", Path(scratch) / "day.zero"
+        packed.write_bytes(gzip.compress(plain, compresslevel=6, mtime=0))
+        zero = bytearray(plain)
+        at = 0
+        while at < len(zero):
+            length = zero[at] << 8 | zero[at + 1]
+            zero[at : at + 2] = b"\0\0"
+            at += 2 + length
+        zeroed.write_bytes(zero)
+
+        def scan(file: Path) -> tuple[int, None]:
+            return scan_itch(file).messages, None
+
+        def inflate(opener: Callable[[], Any]) -> tuple[int, None]:
+            with opener() as stream:
+                while stream.read(1 << 20):
+                    pass
+            return 1, None
+
+        base = best_of(repeats, lambda: scan(path))[0]
+        print("\nreading variants (scan_itch: framing only), same file, same run:")
+        print(f"  {'plain file (baseline)':<44} {base:6.2f} s")
+        for name, file in (("gzip file", packed), ("zero length prefixes (issue 10)", zeroed)):
+            seconds, count, _ = best_of(repeats, partial(scan, file))
+            assert count == scan(path)[0], name
+            print(f"  {name:<44} {seconds:6.2f} s  {seconds / base:5.2f}x baseline time")
+        stdlib = best_of(repeats, lambda: inflate(partial(gzip.GzipFile, packed, "rb")))[0]
+        ours = best_of(repeats, lambda: inflate(lambda: GzipReader(packed.open("rb"))))[0]
+        print(f"  {'inflate only: gzip.GzipFile (baseline)':<44} {stdlib:6.2f} s")
+        print(f"  {'inflate only: GzipReader':<44} {ours:6.2f} s  {ours / stdlib:5.2f}x "
+              "baseline time")  # fmt: skip
 
 
 # ------------------------------------------------------------------ itch-book
@@ -278,6 +319,7 @@ def run(path: Path, repeats: int) -> int:
         "\nx tailsight: rate / tailsight's fastest path for the same mode (decode or decode+book)"
     )
     print(f"numba: kernels compiled or loaded from cache in {compile_s:.1f} s (not timed above)")
+    reading_variants(path, repeats)
     print("\nissue 6 targets, tailsight decode+fastbook against, same file, same run:")
     targets = {"itch-book": TARGET_VS_ITCH_BOOK, "MeatPy": TARGET_VS_MEATPY}
     # Fixed costs (allocation, first touches) weigh on small files: the issue sizes its targets.
