@@ -171,7 +171,9 @@ class GzipReader(io.RawIOBase):
     points); ``problem`` then says what happened and where.
     """
 
-    PIECE = 1 << 16  # compressed bytes per decompress call
+    # Compressed bytes per decompress call: small, since one call's output is unbounded (deflate
+    # expands up to ~1000x: 16 MiB at most here).
+    PIECE = 1 << 14
 
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
@@ -314,8 +316,10 @@ class _Framer:
             if self.pos:
                 del self.buf[: self.pos]
                 self.base += self.pos
-                if self.zero_next is not None:
-                    self.zero_next -= self.pos
+                if self.zero_next is not None:  # a run that continues past the framed bytes
+                    self.zero_next = (
+                        self.zero_next - self.pos if self.zero_next >= self.pos else None
+                    )
                 self.pos = 0
             chunk = self.stream.read(self.chunk_size)
             if not chunk:
