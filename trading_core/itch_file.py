@@ -306,6 +306,7 @@ class _Framer:
         self.eof = False
         self.garbage_start: int | None = None  # stream offset of an open garbage run
         self.zero_seen = False  # a run of zero-prefixed messages was read
+        self.last_timestamp = -1  # of the last message delivered (``zero_chain``)
         self.zero_next: int | None = None  # buf offset where a zero-prefixed run continues
 
     # -- buffer ---------------------------------------------------------------------------
@@ -427,16 +428,29 @@ class _Framer:
 
     def zero_chain(self, at: int) -> bool:
         """Whether zero-prefixed messages chain up from ``at``: ZERO_CHAIN of them (the file's
-        first run: ZERO_CHAIN_FIRST), or fewer that end the stream exactly (or start it)."""
+        first run: ZERO_CHAIN_FIRST), in time order after the last message delivered. Without
+        the length byte, a known type in a damaged message's body whose spec length lands on
+        the next real message would pass the chain test alone; its 6 bytes of "timestamp"
+        between two real ones would not."""
         need = ZERO_CHAIN if self.zero_seen else ZERO_CHAIN_FIRST
+        previous = self.last_timestamp
         for _ in range(need):
             end = self.zero_frame_end(at)
-            if end is None:
+            if end is None or end + 2 > len(self.buf):
                 return False
-            at = end
-        else:
-            return True
-        return False
+            timestamp = self.timestamp(at + 2)
+            if timestamp < previous:
+                return False
+            previous, at = timestamp, end
+        return True
+
+    def timestamp(self, message_at: int) -> int:
+        """The 6-byte timestamp of the message whose type byte is at ``message_at``."""
+        return int.from_bytes(self.buf[message_at + 5 : message_at + 11], "big")
+
+    def delivered(self, message_at: int) -> None:
+        """Note the last message delivered (its type byte at ``message_at``)."""
+        self.last_timestamp = self.timestamp(message_at)
 
     def zero_chain_to_end(self, at: int) -> bool:
         """A short run of zero-prefixed messages that ends the stream exactly (a small file)."""
@@ -570,6 +584,7 @@ class _Framer:
                 confirmation == WEAK and self.find_sync(at + 1, end) is None
             ):
                 self.pos = end
+                self.delivered(at + 2)
                 return at + 2, length
             # Not confirmed. If a confirmed frame starts inside it, this was never a frame (bytes
             # deleted, or garbage that looks like a header); else it may straddle damage (bytes
@@ -607,6 +622,7 @@ class _Framer:
                 f"{chr(type_byte)!r} prefix {length}, used spec length {spec}",
             )
             self.pos = at + 2 + spec
+            self.delivered(at + 2)
             return at + 2, spec
         if self.odd_length(length) and self.frame_confirmed(at, length):
             if spec is not None:
@@ -672,6 +688,7 @@ def iter_itch(
                         )
                     report.messages += len(prefixes)
                     framer.pos = run_end
+                    framer.delivered(int(prefixes[-1]) + 2)
                     continue
             found = framer.step()
             if found is not None:
@@ -702,6 +719,7 @@ def iter_itch_chunks(
                     pending += framer.buf[framer.pos : run_end]
                     report.messages += len(prefixes)
                     framer.pos = run_end
+                    framer.delivered(int(prefixes[-1]) + 2)
                     if len(pending) >= framer.chunk_size:
                         yield bytes(pending)
                         pending.clear()
