@@ -58,10 +58,10 @@ from tailsight.analysis.quantiles import (
     tail_events,
 )
 from tailsight.histfile import HistDocument
-from tailsight.trading_core.timing import TICK_TO_TRADE
+from tailsight.trading_core.timing import IN_SYSTEM
 
 JSON_FORMAT: Final = "tailsight.gate/2"
-DEFAULT_STAGE: Final = TICK_TO_TRADE
+DEFAULT_STAGE: Final = IN_SYSTEM
 """The stage gated when no ``--series`` is given: the replay's in-system tick-to-trade."""
 DEFAULT_SERIES: Final = {"probe": "replay", "stage": DEFAULT_STAGE}
 STAGE_LABEL: Final = "stage"

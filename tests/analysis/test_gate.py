@@ -218,7 +218,7 @@ def test_holm_keeps_the_family_wise_false_fail_rate_with_many_series() -> None:
     assert uncorrected / trials > 0.3  # the family really needs the correction
 
 
-def test_default_gates_tick_to_trade_only_and_breaks_a_regression_down_by_stage() -> None:
+def test_default_gates_in_system_tick_to_trade_only_and_breaks_a_regression_down_by_stage() -> None:
     rng = _rng(5)
     base = _stage_runs(rng, 10, 3)
     cand = _stage_runs(rng, 10, 3)

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
+from tailsight.analysis.gate import DEFAULT_STAGE
 from tailsight.cli.main import app
 
 runner = CliRunner()
@@ -175,7 +176,7 @@ def test_non_finite_parameters_exit_2(runs: dict[str, Path], option: list[str]) 
 
 
 def test_series_on_one_side_only_exit_2(runs: dict[str, Path], tmp_path: Path) -> None:
-    other = _variant(runs, tmp_path, "other.json", lambda t: t.replace("tick_to_trade", "book"))
+    other = _variant(runs, tmp_path, "other.json", lambda t: t.replace(DEFAULT_STAGE, "book"))
     code, output = _gate("-b", str(runs["base"]), "-c", str(other))
     assert code == 2 and "only in the baseline" in output
     code, output = _gate("-b", str(runs["base"]), "-c", str(other), "--series", "stage=book")
