@@ -227,6 +227,7 @@ class RecordingWriter:
     its own segment). Retention removes whole closed segments, oldest first. Files are 0600 and a
     directory it creates 0700; with ``group`` 0640 / 0750 and owned by that group. A failed write
     raises its ``OSError`` (errno kept, ENOSPC for a full disk) after undoing the partial record.
+    ``version=1`` writes the format of earlier releases (text records), for comparisons and tests.
     """
 
     def __init__(
@@ -238,7 +239,11 @@ class RecordingWriter:
         segment_s: float = DEFAULT_SEGMENT_S,
         fsync: bool = True,
         group: str | int | None = None,
+        version: int = 2,
     ) -> None:
+        if version not in (1, 2):
+            raise ValueError(f"recording format version {version}: this writer has 1 and 2")
+        self.version = version
         self.directory = Path(directory)
         self.gid = group_id(group)
         self.file_mode = 0o600 if self.gid is None else 0o640
@@ -274,7 +279,7 @@ class RecordingWriter:
         """Write one interval; durable on return when ``fsync`` (the default)."""
         if self._lock_fd is None:
             raise ValueError(f"recording writer for {self.directory} is closed")
-        record = encode_record(document)
+        record = encode_record(document, self.version)
         if self._fd is not None and (
             self._segment_size + len(record) > self.segment_bytes
             or time.monotonic() - self._segment_opened > self.segment_s
@@ -379,7 +384,7 @@ class RecordingWriter:
             raise FileExistsError(f"no free segment name for start {start_ns} in {self.directory}")
         try:
             self._set_mode(fd)
-            _write_all(fd, SEGMENT_HEADER)
+            _write_all(fd, SEGMENT_HEADER if self.version == 2 else SEGMENT_HEADER_V1)
             if self.fsync:
                 os.fsync(fd)
                 _fsync_directory(self.directory)
@@ -388,7 +393,7 @@ class RecordingWriter:
             path.unlink(missing_ok=True)
             raise
         self._fd, self._segment = fd, path
-        self._segment_size = len(SEGMENT_HEADER)
+        self._segment_size = len(SEGMENT_HEADER)  # both versions: 16 bytes
         self._segment_opened = time.monotonic()
 
     def _undo_partial_record(self) -> None:
