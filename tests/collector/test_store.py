@@ -134,6 +134,12 @@ def test_reads_format_1_recordings(tmp_path: Path) -> None:
     mixed = Recording(tmp_path / "rec")
     assert "".join(texts(mixed.documents())) == expected + "".join(texts(later))
     assert mixed.problems == []
+    # The format-1 writer is kept as version=1: it reproduces the fixture byte for byte.
+    with RecordingWriter(tmp_path / "again", version=1) as writer:
+        for doc in old.documents():
+            writer.append(doc)
+    (fixture,) = list_segments(FIXTURE)
+    assert list_segments(tmp_path / "again")[0].read_bytes() == fixture.read_bytes()
 
 
 def test_values_beyond_64_bits_fall_back_to_format_1_records(tmp_path: Path) -> None:
