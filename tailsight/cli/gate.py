@@ -60,7 +60,7 @@ def render(result: GateResult, width: int = VIEW_WIDTH) -> None:
         if comparison.series not in keys:
             keys.append(comparison.series)
     common, varying = _split_labels(keys)
-    console.print(f"gated: {describe(tuple(sorted(common.items())))}"[:width])
+    console.print(f"gated: {describe(tuple(sorted(common.items())))}")
     console.print(
         f"{len(result.baseline_files)} baseline runs, {len(result.candidate_files)} candidate "
         f"runs; min effect max({config.min_effect:.0%}, {config.min_effect_ns / 1e3:g}µs); "
