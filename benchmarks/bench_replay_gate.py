@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--runs", type=int, default=10, help="runs per side per trial")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per run")
-    parser.add_argument("--messages", type=int, default=60_000)
+    parser.add_argument("--rate", type=float, default=2_000.0, help="messages per second")
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
     parser.add_argument("--placement", default="")
     parser.add_argument("--ratio", type=float, default=1.10, help="target in-system P99 ratio")
@@ -97,13 +97,14 @@ def main() -> None:
         print("bench_replay_gate: needs root (namespaces, XDP, AF_XDP); skipped")
         return
     if args.quick:
-        args.trials, args.runs, args.duration, args.messages = 3, 5, 0.5, 20_000
+        args.trials, args.runs, args.duration = 3, 5, 1.0
     config = GateConfig()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-replay-gate-") as tmp:
         root = Path(tmp)
         itch = root / "day.itch"
-        made = tailsight("itch", "generate", str(itch), "--messages", str(args.messages))
+        messages = round(args.rate * args.duration)
+        made = tailsight("itch", "generate", str(itch), "--messages", str(messages))
         if made.returncode != 0:
             sys.exit(made.stderr)
         pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
@@ -113,7 +114,7 @@ def main() -> None:
         delay_us = (args.ratio - 1.0) * p99_us
         print(
             f"replay gate calibration: {args.trials} trials x (A, B, A') x {args.runs} runs of "
-            f"{args.duration:g} s, {args.messages:,} messages, path {args.path}"
+            f"{args.duration:g} s, {messages:,} messages, path {args.path}"
             f"{', placement ' + args.placement if args.placement else ''}\n"
             f"  pilot in-system P99 {p99_us:.1f} µs -> --inject-delay-us {delay_us:.1f} "
             f"(+{args.ratio - 1:.0%} P99); gate: P50+P99, alpha {config.alpha}, "

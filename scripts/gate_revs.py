@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.itch:
             subprocess.run(
                 [sys.executable, "-c", CLI, "itch", "generate", str(itch),
-                 "--messages", str(args.messages)],
+                 "--messages", str(args.messages or round(args.rate * args.duration))],
                 check=True, stdout=subprocess.DEVNULL,
             )  # fmt: skip
         blocks = math.ceil(args.runs / args.block)
@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 replay_block(side, args, itch, block, runs)
         gate = [sys.executable, "-c", CLI, "gate"]
         for side in sides:
-            gate += ["-b" if side.name == "base" else "-c", str(side.runs)]
+            for block_dir in sorted(p for p in side.runs.glob("block*") if any(p.glob("*.json"))):
+                gate += ["-b" if side.name == "base" else "-c", str(block_dir)]
         print(f"== gate: {args.runs} runs per side, in {blocks} interleaved blocks", flush=True)
         return subprocess.run([*gate, *args.gate_args], cwd=REPO).returncode
     finally:
@@ -172,7 +173,10 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="baseline revision (commit, tag, branch)")
     parser.add_argument("--cand", required=True, help="candidate revision")
     parser.add_argument("--itch", help="ITCH 5.0 file to replay (default: a generated day)")
-    parser.add_argument("--messages", type=int, default=100_000, help="size of a generated day")
+    parser.add_argument("--messages", type=int, help="size of a generated day (or --rate)")
+    parser.add_argument(
+        "--rate", type=float, default=2_000.0, help="messages per second of a generated day"
+    )
     parser.add_argument("--runs", type=int, default=30, help="runs per side (docs/ci-gate.md)")
     parser.add_argument("--block", type=int, default=5, help="runs per replay invocation")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
