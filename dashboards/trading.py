@@ -30,17 +30,27 @@ def build() -> dash.Dashboard:
             "how the feed handler kept up.",
         )
         .with_variable(window_variable(m.STAGE_LATENCY))
-        .with_row(dash.Row("Tick to trade (intended send time to order sent)"))
+        .with_row(dash.Row("Tick to trade"))
         .with_panel(
             latency_quantiles_panel(
                 m.STAGE_LATENCY,
-                "In-system tick-to-trade",
+                "In-system tick-to-trade (kernel receive to order sent)",
                 [m.STAGE],
-                stage=m.TICK_TO_TRADE_STAGE,
+                stage=m.IN_SYSTEM_STAGE,
             )
         )
         .with_panel(
-            heatmap_panel(m.STAGE_LATENCY, "Tick-to-trade buckets", stage=m.TICK_TO_TRADE_STAGE)
+            heatmap_panel(
+                m.STAGE_LATENCY, "In-system tick-to-trade buckets", stage=m.IN_SYSTEM_STAGE
+            )
+        )
+        .with_panel(
+            latency_quantiles_panel(
+                m.STAGE_LATENCY,
+                "Tick-to-trade from the intended send time",
+                [m.STAGE],
+                stage=m.TICK_TO_TRADE_STAGE,
+            ).span(24)
         )
         .with_row(dash.Row("Stages"))
         .with_panel(
@@ -52,8 +62,8 @@ def build() -> dash.Dashboard:
                         "{{stage}}",
                     )
                 ],
-                description="Each stage from the previous one's stamp; receive counts from "
-                "the tick's intended send time (no coordinated omission).",
+                description="Each stage from the previous one's stamp (wire: the exchange's "
+                "send to the kernel's receive); stacked, they add up to the tick's path.",
                 stacked=True,
                 width=24,
             )

@@ -2,9 +2,9 @@
 
 - ``victim``: UDP round trips (sendto/recvfrom), EAGAIN reads and TCP connects to its own
   loopback listener, sleeping 1 ms between rounds, pinned to the CPU where ``noisy`` spins
-  (run-queue waits and displacement by ``noisy``; netsyscall; tcpstate);
-- ``noisy``: a busy loop on that CPU;
-- ``mover``: flips its own affinity between two CPUs (migration).
+  (run-queue waits and displacement by ``noisy``; netsyscall; tcpstate), and a thread of it
+  hopping between all CPUs (migration);
+- ``noisy``: a busy loop on that CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from tailsight.workload import Task, Workload, default_cpu, python_task
 
 VICTIM_CODE = """
-import socket, threading, time
+import os, socket, threading, time
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen(64)
@@ -21,6 +21,14 @@ def serve():
         conn, _ = listener.accept()
         conn.close()
 threading.Thread(target=serve, daemon=True).start()
+def move():  # this thread hops between all CPUs: the victim's migrations
+    cpus = sorted(os.sched_getaffinity(os.getppid()))
+    i = 0
+    while True:
+        os.sched_setaffinity(0, {cpus[i % len(cpus)]})
+        i += 1
+        time.sleep(0.005)
+threading.Thread(target=move, daemon=True).start()
 rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 rx.bind(("127.0.0.1", 0))
 tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -39,16 +47,6 @@ while True:
     time.sleep(0.001)
 """
 
-MOVER_CODE = """
-import os, time
-cpus = sorted(os.sched_getaffinity(0))
-i = 0
-while True:
-    os.sched_setaffinity(0, {cpus[i % len(cpus)]})
-    i += 1
-    time.sleep(0.002)
-"""
-
 
 def every_probe(base: str) -> Workload:
     """The workload above; enter it to start, exit to kill it and remove its cgroups."""
@@ -57,7 +55,6 @@ def every_probe(base: str) -> Workload:
         [
             python_task("victim", VICTIM_CODE, cpu=cpu),
             Task("noisy", cpu=cpu),
-            python_task("mover", MOVER_CODE),
         ],
         base=base,
     )

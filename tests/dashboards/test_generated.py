@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import yaml
+from dashboard_queries import QUOTED, expressions, panels
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
@@ -24,18 +24,6 @@ from tailsight.dashboards.generate import (
 
 runner = CliRunner()
 RANGE = re.compile(r"\[([^\]]+)\]")
-QUOTED = re.compile(r'"[^"]*"')
-
-
-def panels(document: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in document["panels"] if p["type"] != "row"]
-
-
-def expressions(document: dict[str, Any]) -> list[str]:
-    """Every PromQL the dashboard runs: panel targets and Prometheus annotations."""
-    exprs = [t["expr"] for p in panels(document) for t in p.get("targets", [])]
-    exprs += [a["expr"] for a in document["annotations"]["list"] if "expr" in a]
-    return exprs
 
 
 def test_committed_json_is_in_sync_with_the_code() -> None:
