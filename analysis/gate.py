@@ -40,6 +40,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -549,13 +550,21 @@ def gate_paths(
     config: GateConfig | None = None,
 ) -> GateResult:
     """:func:`gate_documents` on run files or directories of them (RunInputError on bad input)."""
+    baseline, candidate = list(baseline), list(candidate)
     base_runs = load_runs(baseline)
     cand_runs = load_runs(candidate)
     result = gate_documents(
         [r.document for r in base_runs], [r.document for r in cand_runs], selectors, config
     )
+    # `tailsight replay` records a run that failed as RUN.failed: say so, it is not gated.
+    failed = [
+        f"{side}: {len(found)} failed run(s) not gated, e.g. {found[0]}"
+        for side, paths in (("baseline", baseline), ("candidate", candidate))
+        if (found := sorted(f for p in map(Path, paths) if p.is_dir() for f in p.glob("*.failed")))
+    ]
     return replace(
         result,
         baseline_files=[str(r.path) for r in base_runs],
         candidate_files=[str(r.path) for r in cand_runs],
+        notes=[*result.notes, *failed],
     )

@@ -11,12 +11,15 @@ events of a side in one histogram) on the same A/A pairs. Needs root; run under 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +52,20 @@ def replay_set(
     if not documents:
         sys.exit(f"replay wrote no run (exit {result.returncode}):\n{result.stderr[-2000:]}")
     return documents, len(list(out.glob("*.failed")))
+
+
+@contextlib.contextmanager
+def held(lock: str) -> Iterator[None]:
+    """Hold an flock on ``lock`` (the shared heavy-test lock) for one trial, or nothing."""
+    if not lock:
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def in_system(documents: list[HistDocument], q: float) -> np.ndarray:
@@ -92,6 +109,9 @@ def main() -> None:
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
     parser.add_argument("--placement", default="")
     parser.add_argument("--ratio", type=float, default=1.10, help="target in-system P99 ratio")
+    parser.add_argument(
+        "--lock", default="", help="flock this file per trial (e.g. /tmp/tailsight-heavy.lock)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_replay_gate: needs root (namespaces, XDP, AF_XDP); skipped")
@@ -107,7 +127,8 @@ def main() -> None:
         made = tailsight("itch", "generate", str(itch), "--messages", str(messages))
         if made.returncode != 0:
             sys.exit(made.stderr)
-        pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
+        with held(args.lock):
+            pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
         p99_us = float(np.nanmedian(in_system(pilot, 0.99))) / 1e3
         if not math.isfinite(p99_us):
             sys.exit("no in-system series in the pilot runs")
@@ -128,9 +149,10 @@ def main() -> None:
         measured_ratio: list[float] = []
         for trial in range(args.trials):
             sets = {}
-            for name, delay in (("A", 0.0), ("B", delay_us), ("A2", 0.0)):  # interleaved
-                documents, lost = replay_set(itch, root / f"t{trial}-{name}", args, delay)
-                sets[name], failed = documents, failed + lost
+            with held(args.lock):
+                for name, delay in (("A", 0.0), ("B", delay_us), ("A2", 0.0)):  # interleaved
+                    documents, lost = replay_set(itch, root / f"t{trial}-{name}", args, delay)
+                    sets[name], failed = documents, failed + lost
             aa = gate_documents(sets["A"], sets["A2"], config=config)
             ab = gate_documents(sets["A"], sets["B"], config=config)
             outcomes["A/A"][aa.outcome] += 1

@@ -181,3 +181,15 @@ def test_series_on_one_side_only_exit_2(runs: dict[str, Path], tmp_path: Path) -
     assert code == 2 and "only in the baseline" in output
     code, output = _gate("-b", str(runs["base"]), "-c", str(other), "--series", "stage=book")
     assert code == 2 and "only in the candidate" in output
+
+
+def test_failed_replay_runs_are_named_in_a_note(runs: dict[str, Path], tmp_path: Path) -> None:
+    cand = tmp_path / "cand"
+    cand.mkdir()
+    for file in sorted(runs["better"].glob("*.json")):
+        (cand / file.name).write_text(file.read_text())
+    (cand / "replay-afxdp-007.failed").write_text("trading run failed: ...\n")
+    code, output = _gate("-b", str(runs["base"]), "-c", str(cand), "--json")
+    assert code == 0
+    (note,) = [n for n in json.loads(output)["notes"] if "failed" in n]
+    assert note.startswith("candidate: 1 failed run(s) not gated") and "007.failed" in note
