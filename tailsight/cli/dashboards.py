@@ -91,3 +91,39 @@ def push(
         return
     for p in pushed:
         print(f"{p.name}: uid {p.uid}, version {p.version}, {url.rstrip('/')}{p.url}")
+
+
+@app.command("html")
+def html_page(
+    recording: Annotated[Path, typer.Argument(help="Recording directory (tailsight record).")],
+    victim: Annotated[str, typer.Option("--victim", help="Cgroup path, e.g. /trading/feed.")],
+    out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
+) -> None:
+    """The root-cause dashboard of a recording as one offline HTML page (no Grafana needed)."""
+    from tailsight.analysis.report_html import write_report
+    from tailsight.cli.record import cannot_read
+    from tailsight.collector.store import Recording
+    from tailsight.dashboards.rootcause_html import render_root_cause
+
+    try:
+        documents = Recording(recording).documents()
+    except FileNotFoundError as error:
+        raise typer.BadParameter(str(error), param_hint="RECORDING") from error
+    except OSError as error:
+        cannot_read(recording, error)
+    known = {
+        labels.get(name)
+        for d in documents
+        for labels in [s.labels for s in d.series] + [c.labels for c in d.counters]
+        for name in ("cgroup", "victim")
+    }
+    if victim not in known:
+        raise typer.BadParameter(
+            f"no series of cgroup {victim!r} in {recording}", param_hint="--victim"
+        )
+    try:
+        write_report(out, render_root_cause(documents, victim))
+    except OSError as error:
+        print(f"error: cannot write {out}: {error.strerror or error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    print(out)
