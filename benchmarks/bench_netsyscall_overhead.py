@@ -1,8 +1,8 @@
 """Cost per event of the netsyscall probe's sys_enter/sys_exit programs, for a syscall it does
 not trace (a getpid loop) and one it does (UDP sendto to loopback), each against an empty program
-on the same raw tracepoint attached at the same time.  Figures come from the kernel's BPF
-run-time stats (run_time_ns / run_cnt); every syscall on the machine runs both programs, so the
-share of events our loop caused is printed too.
+on the same tracepoint in the same attach mode, attached at the same time.  Figures come from the
+kernel's BPF run-time stats (run_time_ns / run_cnt); every syscall on the machine runs both
+programs, so the share of events our loop caused is printed too.
 
 Usage: bench_netsyscall_overhead.py [--quick] [--seconds S]
 (needs root; exits 0 with a note if not)
@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     probe = NetSyscallProbe()
     with enable_bpf_stats() as mechanism:
         probe.attach()
-        baseline = attach_raw_tracepoints(empty, "empty", TRACEPOINTS)
+        mode = probe.attach_mode or "raw_tp"
+        baseline = attach_raw_tracepoints(empty, "empty", TRACEPOINTS, mode=mode)
         try:
             ours = probe.program_fds()
-            fds = {tp: (ours[tp], empty.funcs[f"on_{tp}".encode()].fd) for tp in TRACEPOINTS}
+            fds = {tp: (ours[tp], baseline.prog_fds[tp]) for tp in TRACEPOINTS}
             runs = {
                 "getpid (not traced)": measure(fds, getpid_loop, seconds),
                 "sendto (traced)": measure(fds, sendto_loop, seconds),
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             probe.close()
             empty.cleanup()
 
-    print(f"stats via {mechanism}; each load runs {seconds:.1f} s in one Python thread")
+    print(
+        f"stats via {mechanism}; attach mode {mode} (the empty programs too); each load runs "
+        f"{seconds:.1f} s in one Python thread"
+    )
     for load, (calls, per_tp) in runs.items():
         events = per_tp["sys_enter"][2]
         share = 100 * calls / events if events else 0.0

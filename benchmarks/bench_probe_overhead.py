@@ -1,7 +1,8 @@
 """Cost per event of the run-queue probe's sched_switch program, against an empty program on the
-same raw tracepoint attached at the same time, under a context-switch-heavy load (two processes
-ping-ponging a byte over pipes on one CPU).  Figures come from the kernel's BPF run-time stats
-(run_time_ns / run_cnt in /proc/self/fdinfo/<prog fd>).
+same tracepoint, in the same attach mode (tp_btf or raw_tp), attached at the same time, under a
+context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU).  Figures
+come from the kernel's BPF run-time stats (run_time_ns / run_cnt in /proc/self/fdinfo/<fd>).
+The probe has no sched_wakeup program: nothing else to measure.
 
 Usage: bench_probe_overhead.py [--quick] [--seconds S]   (needs root; exits 0 with a note if not)
 """
@@ -76,19 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     probe = RunQueueProbe()
     with enable_bpf_stats() as mechanism:
         probe.attach()
-        baseline = attach_raw_tracepoints(empty, "empty", ["sched_switch"])
+        mode = probe.attach_mode or "raw_tp"
+        baseline = attach_raw_tracepoints(empty, "empty", ["sched_switch"], mode=mode)
         try:
-            fds = probe.program_fds()
-            ours_fd, wakeup_fd = fds["sched_switch"], fds["sched_wakeup"]
-            empty_fd = empty.funcs[b"on_sched_switch"].fd
+            ours_fd = probe.program_fds()["sched_switch"]
+            empty_fd = baseline.prog_fds["sched_switch"]
             pids = start_load(default_cpu())
             try:
                 time.sleep(0.2)  # let the ping-pong settle
                 ours_0, empty_0 = prog_stats(ours_fd), prog_stats(empty_fd)
-                wakeup_0 = prog_stats(wakeup_fd)
                 time.sleep(seconds)
                 ours_1, empty_1 = prog_stats(ours_fd), prog_stats(empty_fd)
-                wakeup_1 = prog_stats(wakeup_fd)
             finally:
                 stop_load(pids)
             snapshot = probe.read()
@@ -103,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_probe_overhead: no sched_switch events seen", file=sys.stderr)
         return 1
     per_ours, per_empty = ours_ns / ours_n, empty_ns / empty_n
-    print(f"stats via {mechanism}; load: pipe ping-pong on one CPU for {seconds:.1f} s")
+    print(
+        f"stats via {mechanism}; attach mode {mode}; load: pipe ping-pong on one CPU for "
+        f"{seconds:.1f} s"
+    )
     print(f"sched_switch events: {ours_n:,} ({ours_n / seconds:,.0f}/s); empty saw {empty_n:,}")
     print(f"runqueue sched_switch: {per_ours:8.1f} ns/event")
     print(f"empty program        : {per_empty:8.1f} ns/event (same tracepoint, same run)")
     print(f"ratio {per_ours / per_empty:.2f}x, added work {per_ours - per_empty:.1f} ns/event")
-    wakeup_ns, wakeups = wakeup_1[0] - wakeup_0[0], wakeup_1[1] - wakeup_0[1]
-    if wakeups:
-        print(f"runqueue sched_wakeup: {wakeup_ns / wakeups:8.1f} ns/event ({wakeups:,} wakeups)")
     dropped = sum(
         v for (name, _), v in snapshot.counters.items() if name.endswith("_dropped_events")
     )

@@ -1,14 +1,20 @@
-"""What the bcc-based probes share: compile with verified offsets, attach their raw
-tracepoints all or nothing, keep the kernel cgroup allow-list, expose program fds, close."""
+"""What the bcc-based probes share: compile with verified offsets, attach their tracepoints all
+or nothing (tp_btf where the kernel allows, else raw tracepoints), keep the kernel cgroup
+allow-list, map arrays for reading, expose program fds, close."""
 
 from __future__ import annotations
 
 import ctypes
+import math
+import mmap
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from tailsight.hist import Histogram
+import numpy as np
+import numpy.typing as npt
+
+from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Snapshot
 from tailsight.probes.outliers import OutlierStream, outlier_cflags
 
@@ -36,6 +42,46 @@ def read_histograms(
     for series, totals in totals_map.items():
         histogram(series_of_totals(series)).sum_ns = int(totals.sum_ns)
     return histograms
+
+
+class MappedArray:
+    """A ``BPF_F_MMAPABLE`` array map as a read-only numpy array: reading is a memory copy,
+    not a syscall per entry (a bcc table read costs ~10 µs per entry)."""
+
+    def __init__(self, table: Any, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> None:
+        size_bytes = table.max_entries * ctypes.sizeof(table.Leaf)
+        length = -(-size_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._mmap: mmap.mmap | None = mmap.mmap(
+            table.map_fd, length, mmap.MAP_SHARED, mmap.PROT_READ
+        )
+        count = math.prod(shape)
+        if np.dtype(dtype).itemsize * count != size_bytes:
+            raise ValueError(f"{shape} of {dtype} does not cover the map's {size_bytes} bytes")
+        self.array: npt.NDArray[Any] = np.frombuffer(self._mmap, dtype=dtype, count=count).reshape(
+            shape
+        )
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            del self.array
+            self._mmap.close()
+            self._mmap = None
+
+
+def slot_histograms(rows: npt.NDArray[np.uint64], sums_ns: Iterable[int]) -> list[Histogram]:
+    """Histograms from slot rows of a ``HIST_ROW`` array (finite buckets, then overflow) and the
+    exact sums beside them (``hist.bpf.h``'s bucket layout)."""
+    return [
+        Histogram(
+            row[:NUM_BUCKETS].astype(np.int64), overflow=int(row[NUM_BUCKETS]), sum_ns=int(sum_ns)
+        )
+        for row, sum_ns in zip(rows, sums_ns, strict=True)
+    ]
+
+
+def slot_ids(table: Any) -> dict[int, int]:
+    """slot -> cgroup id (or any u64 key) from a probe's ``<name>_slots`` hash."""
+    return {int(slot.value): int(key.value) for key, slot in table.items()}
 
 
 def hash_map_fill(bpf: Any) -> dict[str, float]:
@@ -79,7 +125,12 @@ class BccProbe:
         self._outlier_cflags = outlier_cflags(outlier_floor_ns, outlier_rate_per_s)
         self._bpf: Any = None
         self._attached: Any = None
+        self._mapped: dict[str, MappedArray] = {}
         self.outliers: OutlierStream | None = None
+        self.attach_mode: str | None = None
+        """``tp_btf`` or ``raw_tp`` once attached (None before)."""
+        self.attach_fallback: str | None = None
+        """Why tp_btf was refused, when it was."""
 
     def extra_cflags(self) -> list[str]:
         """Probe specific -D flags (offsets beyond task.bpf.h's, syscall numbers...)."""
@@ -90,25 +141,57 @@ class BccProbe:
         return None
 
     def attach(self) -> None:
-        """Compile with verified offsets and attach every tracepoint (all or nothing)."""
-        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
+        """Compile with verified offsets and attach every tracepoint (all or nothing): as tp_btf
+        if the kernel takes it, else (or if ``TAILSIGHT_ATTACH_MODE=raw_tp``) as raw
+        tracepoints; ``attach_mode`` says which, ``attach_fallback`` why tp_btf was not used."""
+        from tailsight.probes.loader import (
+            TP_BTF,
+            TP_BTF_CFLAG,
+            TpBtfLoadError,
+            attach_raw_tracepoints,
+            compile_probe,
+            preferred_attach_modes,
+        )
 
         if self._bpf is not None:
             return
         cflags = [*self.extra_cflags(), *self._outlier_cflags]
         if self._filter is not None:
             cflags.append(f"-D{self.name.upper()}_CGROUP_FILTER")
-        bpf = compile_probe(self.name, cflags)
-        try:
-            self._bpf = bpf
-            self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
-            if self._filter is not None:
-                self._sync_filter()
-            self._attached = attach_raw_tracepoints(bpf, self.name, self.tracepoints)
-        except BaseException:
-            self._bpf = self.outliers = None
-            bpf.cleanup()
-            raise
+        modes = preferred_attach_modes()
+        for mode in modes:
+            bpf = compile_probe(self.name, [*cflags, *([TP_BTF_CFLAG] if mode == TP_BTF else [])])
+            try:
+                self._bpf = bpf
+                self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
+                if self._filter is not None:
+                    self._sync_filter()
+                self._attached = attach_raw_tracepoints(bpf, self.name, self.tracepoints, mode=mode)
+                self.attach_mode = mode
+                return
+            except TpBtfLoadError as error:
+                self._release(bpf)
+                self.attach_fallback = str(error)
+                if mode == modes[-1]:
+                    raise
+            except BaseException:
+                self._release(bpf)
+                raise
+
+    def _release(self, bpf: Any) -> None:
+        for mapped in self._mapped.values():
+            mapped.close()
+        self._mapped.clear()
+        self._bpf = self.outliers = None
+        bpf.cleanup()
+
+    def mapped_array(self, map_name: str, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> Any:
+        """The probe's mmap-able array ``map_name`` as a live read-only numpy array."""
+        mapped = self._mapped.get(map_name)
+        if mapped is None:
+            table = self._require_bpf()[map_name.encode()]
+            mapped = self._mapped[map_name] = MappedArray(table, dtype, shape)
+        return mapped.array
 
     def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
         """Record only these cgroup ids (None: all).
@@ -137,8 +220,8 @@ class BccProbe:
 
     def program_fds(self) -> dict[str, int]:
         """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""
-        bpf = self._require_bpf()
-        return {tp: bpf.funcs[f"on_{tp}".encode()].fd for tp in self.tracepoints}
+        self._require_bpf()
+        return dict(self._attached.prog_fds)
 
     def map_fill(self) -> dict[str, float]:
         """Fill ratio per hash map (a full map drops events: see the drop counters)."""
@@ -150,8 +233,8 @@ class BccProbe:
             self._attached.close()
             self._attached = None
         if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = self.outliers = None
+            self._release(self._bpf)
+        self.attach_mode = None
 
     def __enter__(self) -> Self:
         self.attach()

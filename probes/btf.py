@@ -268,6 +268,15 @@ class Btf:
             raise BtfError(f"{typedef_name} is not a function pointer typedef")
         return [self.type_name(param) for param in self._types[proto_id].params[1:]]
 
+    def tracepoint_btf_id(self, name: str) -> int:
+        """BTF type id of the ``btf_trace_<name>`` typedef: a tp_btf program's attach target."""
+        typedefs = [
+            t for t in self._by_name.get(f"btf_trace_{name}", []) if self._kind(t) == "TYPEDEF"
+        ]
+        if not typedefs:
+            raise BtfError(f"raw tracepoint {name} is not in BTF (no typedef btf_trace_{name})")
+        return typedefs[0]
+
     def _kind(self, type_id: int) -> str:
         entry = self._types.get(type_id)
         return "VOID" if entry is None else entry.kind

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from tailsight.probes.base import Probe
 
 PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
-    "runqueue": ("sched_wakeup", "sched_wakeup_new", "sched_switch"),
+    "runqueue": ("sched_switch",),
     "netsyscall": ("sys_enter", "sys_exit"),
     "tcpstate": ("inet_sock_set_state", "tcp_retransmit_skb"),
     "migration": ("sched_migrate_task", "sched_move_numa", "sched_swap_numa", "sched_stick_numa"),

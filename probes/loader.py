@@ -23,9 +23,21 @@ PROBES_DIR: Final = Path(__file__).resolve().parent
 
 # bpf(2) syscall numbers by `uname -m`.
 _BPF_SYSCALL: Final = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "riscv64": 280}
+_BPF_PROG_LOAD: Final = 5
 _BPF_PROG_TEST_RUN: Final = 10
 _BPF_RAW_TRACEPOINT_OPEN: Final = 17
+_BPF_PROG_TYPE_TRACING: Final = 26
+_BPF_TRACE_RAW_TP: Final = 23
 _MAX_BPF_FUNC_ARGS: Final = 12
+_VERIFIER_LOG_BYTES: Final = 1 << 20
+
+TP_BTF: Final = "tp_btf"
+RAW_TP: Final = "raw_tp"
+ATTACH_MODES: Final = (TP_BTF, RAW_TP)
+ATTACH_MODE_ENV: Final = "TAILSIGHT_ATTACH_MODE"
+"""Environment variable forcing one attach mode (``raw_tp`` or ``tp_btf``); unset: the best."""
+TP_BTF_CFLAG: Final = "-DTAILSIGHT_TP_BTF"
+"""Defined when a probe is compiled for tp_btf: ``kread.bpf.h`` then reads by direct loads."""
 
 
 class ProbeError(RuntimeError):
@@ -48,6 +60,33 @@ class _RawTracepointOpenAttr(ctypes.Structure):
         ("prog_fd", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
         ("cookie", ctypes.c_uint64),
+    )
+
+
+class _ProgLoadAttr(ctypes.Structure):
+    _fields_ = (
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
+        ("prog_btf_fd", ctypes.c_uint32),
+        ("func_info_rec_size", ctypes.c_uint32),
+        ("func_info", ctypes.c_uint64),
+        ("func_info_cnt", ctypes.c_uint32),
+        ("line_info_rec_size", ctypes.c_uint32),
+        ("line_info", ctypes.c_uint64),
+        ("line_info_cnt", ctypes.c_uint32),
+        ("attach_btf_id", ctypes.c_uint32),
+        ("attach_prog_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     )
 
 
@@ -93,6 +132,71 @@ def raw_tracepoint_open(prog_fd: int, tracepoint: str) -> int:
     return _bpf_syscall(_BPF_RAW_TRACEPOINT_OPEN, attr)
 
 
+def raw_tracepoint_open_btf(prog_fd: int) -> int:
+    """Attach a loaded tp_btf program to the tracepoint it was loaded for; returns the link fd."""
+    return _bpf_syscall(_BPF_RAW_TRACEPOINT_OPEN, _RawTracepointOpenAttr(prog_fd=prog_fd))
+
+
+class TpBtfLoadError(ProbeError):
+    """The kernel refused a program as tp_btf (``errno``); the verifier log's tail says why."""
+
+    def __init__(self, fn_name: str, errno_value: int, log_tail: str) -> None:
+        self.errno = errno_value
+        name = errno.errorcode.get(errno_value, str(errno_value))
+        super().__init__(f"{fn_name}: tp_btf load failed ({name}): {log_tail}")
+
+
+def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
+    """Load the instructions bcc compiled for ``fn_name`` as a tp_btf program on ``tracepoint``.
+
+    bcc cannot set the attach type and BTF id a tp_btf program needs, so its instructions (map
+    fds already relocated) go to BPF_PROG_LOAD directly: program type tracing, expected attach
+    type BPF_TRACE_RAW_TP, target the BTF id of ``btf_trace_<tracepoint>``.  Returns the fd.
+    """
+    from bcc.libbcc import lib
+
+    from tailsight.probes.btf import Btf, BtfError
+
+    try:
+        btf_id = Btf.load().tracepoint_btf_id(tracepoint)
+    except BtfError as error:
+        raise TpBtfLoadError(fn_name, errno.ENOENT, str(error)) from error
+    insns = ctypes.create_string_buffer(bpf.dump_func(fn_name.encode()))
+    license_text = ctypes.create_string_buffer(lib.bpf_module_license(bpf.module) or b"GPL")
+    attr = _ProgLoadAttr(
+        prog_type=_BPF_PROG_TYPE_TRACING,
+        insn_cnt=(len(insns) - 1) // 8,  # create_string_buffer adds a NUL byte
+        insns=ctypes.addressof(insns),
+        license=ctypes.addressof(license_text),
+        prog_name=fn_name.encode()[:15],
+        expected_attach_type=_BPF_TRACE_RAW_TP,
+        attach_btf_id=btf_id,
+    )
+    try:
+        return _bpf_syscall(_BPF_PROG_LOAD, attr)
+    except OSError as error:
+        if error.errno in (errno.EPERM, errno.EACCES):
+            raise
+        first_errno = error.errno or 0
+    log = ctypes.create_string_buffer(_VERIFIER_LOG_BYTES)
+    attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
+    try:
+        return _bpf_syscall(_BPF_PROG_LOAD, attr)  # with a log it may pass: take it
+    except OSError:
+        lines = log.value.decode(errors="replace").strip().splitlines()
+        raise TpBtfLoadError(fn_name, first_errno, " | ".join(lines[-3:]) or "no log") from None
+
+
+def preferred_attach_modes() -> tuple[str, ...]:
+    """Attach modes to try, best first: tp_btf then raw_tp, or the one ATTACH_MODE_ENV forces."""
+    forced = os.environ.get(ATTACH_MODE_ENV, "").strip()
+    if not forced:
+        return ATTACH_MODES
+    if forced not in ATTACH_MODES:
+        raise ProbeError(f"{ATTACH_MODE_ENV}={forced!r}: expected one of {', '.join(ATTACH_MODES)}")
+    return (forced,)
+
+
 def prog_test_run_raw_tp(prog_fd: int, args: Sequence[int]) -> int:
     """Run a raw-tracepoint program once on ``args`` (BPF_PROG_TEST_RUN); returns its retval."""
     if not 0 < len(args) <= _MAX_BPF_FUNC_ARGS:
@@ -132,38 +236,64 @@ def compile_source(path: Path, cflags: Sequence[str]) -> BPF:
 
 @dataclass
 class AttachedProbe:
-    """Links of one probe's programs to their raw tracepoints; ``close()`` detaches them."""
+    """Links of one probe's programs to their tracepoints; ``close()`` detaches them.
+
+    ``prog_fds`` (tracepoint -> program fd) feed the BPF run-time stats; in tp_btf mode the
+    programs are ours (loaded past bcc) and closed here too.
+    """
 
     name: str
+    mode: str = RAW_TP
     link_fds: dict[str, int] = field(default_factory=dict)
+    prog_fds: dict[str, int] = field(default_factory=dict)
 
     def close(self) -> None:
         while self.link_fds:
             _, fd = self.link_fds.popitem()
             os.close(fd)
+        while self.prog_fds:
+            _, fd = self.prog_fds.popitem()
+            if self.mode == TP_BTF:
+                os.close(fd)
 
 
 def attach_raw_tracepoints(
-    bpf: Any, probe: str, tracepoints: Sequence[str], fn_prefix: str = "on_"
+    bpf: Any, probe: str, tracepoints: Sequence[str], fn_prefix: str = "on_", mode: str = RAW_TP
 ) -> AttachedProbe:
     """Load ``<fn_prefix><tracepoint>`` for each tracepoint and attach it, all or nothing.
 
-    Every failing tracepoint is named with the reason (verifier rejection, unknown tracepoint,
-    missing permission) in one AttachError; what did attach is detached again.
+    ``mode`` raw_tp loads through bcc as a raw tracepoint program; tp_btf loads the same
+    instructions as a BTF-typed tracepoint program (`load_tp_btf`), where a refusal raises
+    TpBtfLoadError at once so the caller can fall back.  Every other failing tracepoint is
+    named with the reason (verifier rejection, unknown tracepoint, missing permission) in one
+    AttachError; what did attach is detached again.
     """
     from bcc import BPF
 
-    attached = AttachedProbe(probe)
+    attached = AttachedProbe(probe, mode)
     failures: dict[str, str] = {}
     for tracepoint in tracepoints:
         fn_name = f"{fn_prefix}{tracepoint}"
         try:
-            fn = bpf.load_func(fn_name.encode(), BPF.RAW_TRACEPOINT)
+            if mode == TP_BTF:
+                prog_fd = load_tp_btf(bpf, fn_name, tracepoint)
+            else:
+                prog_fd = bpf.load_func(fn_name.encode(), BPF.RAW_TRACEPOINT).fd
+        except TpBtfLoadError:
+            attached.close()
+            raise
+        except OSError as error:  # tp_btf: EPERM/EACCES
+            failures[tracepoint] = f"program {fn_name} not loaded: {_attach_reason(error)}"
+            continue
         except Exception as error:  # bcc: bare Exception, verifier log on stderr
             failures[tracepoint] = f"program {fn_name} not loaded ({error})"
             continue
+        attached.prog_fds[tracepoint] = prog_fd
         try:
-            attached.link_fds[tracepoint] = raw_tracepoint_open(fn.fd, tracepoint)
+            if mode == TP_BTF:
+                attached.link_fds[tracepoint] = raw_tracepoint_open_btf(prog_fd)
+            else:
+                attached.link_fds[tracepoint] = raw_tracepoint_open(prog_fd, tracepoint)
         except OSError as error:
             failures[tracepoint] = _attach_reason(error)
     if failures:

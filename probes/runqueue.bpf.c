@@ -1,40 +1,34 @@
 /* runqueue: time each task waits on a CPU run queue, as exact 5 µs histograms per cgroup, and
  * who made it wait.
  *
- * Measures: from the moment a task becomes runnable (woken, newly forked, or preempted while still
- * runnable) to the moment it is switched in -- the kernel's own schedstat `run_delay`
- * (/proc/<pid>/schedstat field 2), which the kernel tests use as ground truth.
+ * Measures: the kernel's own run-queue wait, the one schedstat `run_delay` sums
+ * (/proc/<pid>/schedstat field 2, the kernel tests' ground truth).  At sched_switch, right
+ * before sched_info_arrive(next) runs under the same rq lock and clock, the wait that ends is
+ * rq->clock - next->sched_info.last_queued (0: next was not queued, e.g. the idle task).  No
+ * clock read, no per-task map and no wakeup program: the kernel keeps the enqueue stamp
+ * (CONFIG_SCHED_INFO) and the rq (next->se.cfs_rq->rq, CONFIG_FAIR_GROUP_SCHED); offsets from
+ * BTF.  Like the kernel, a wakeup onto an idle CPU counts from the rq clock of the enqueue, so
+ * the idle exit is not part of the wait; a queued task moved by the load balancer has the part
+ * of its wait on the old CPU left out (schedstat adds it at the dequeue).
  *
- * Attach points (raw tracepoints; arguments per the btf_trace_<name> typedefs):
- *   sched_wakeup(struct task_struct *p), sched_wakeup_new(struct task_struct *p)
- *   sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
- *                unsigned int prev_state)
+ * Attach point (tp_btf where the kernel takes it, else a raw tracepoint; same source, reads via
+ * kread.bpf.h): sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+ *                            unsigned int prev_state)
  *
- * Attribution: the wait is charged to the cgroup of the task that waited (`next`, read through
- * task.bpf.h), never to `current`.  Each wait is also charged to the pair (victim = next's cgroup,
- * aggressor = prev's cgroup): prev is who held the CPU until next got it (prev is still
- * `current` at this tracepoint, so the current-task helpers are exact for it).  If prev is the idle
- * task (pid 0) the aggressor is 0 ("idle"): the CPU was idle, nobody displaced the victim.
+ * Attribution: the wait is charged to the cgroup of the task that waited (`next`), never to
+ * `current`, and to the pair (victim = next's cgroup, aggressor = prev's cgroup): prev held the
+ * CPU until next got it.  prev's slot is remembered from its own switch-in on this CPU, so it is
+ * usually not read again.  If prev is the idle task (pid 0) the aggressor is 0 ("idle").
  *
- * Stamps: a wakeup stamps only a task without one, so a task already queued keeps its earlier
- * stamp (the kernel counts run_delay from enqueue).  At a switch, a prev still TASK_RUNNING
- * (prev_state 0) was preempted and is re-queued: re-stamp; any other prev is going to sleep:
- * clear its stamp, so a stale stamp can never turn a sleep into a bogus latency.  This is the
- * kernel's own rule (sched_info_depart re-queues a task only if task_is_running()).
+ * Storage: cgroup id -> slot (a 4-entry per-CPU cache in front of a hash); histogram rows and the
+ * victim x aggressor matrix are arrays indexed by slot (atomic adds, mmap-ed by user space), so
+ * a sample costs no hash lookup.  The histogram's exact sum is its victim's row of the matrix.
  *
  * Overhead (benchmarks/bench_probe_overhead.py: kernel BPF stats, pipe ping-pong on one CPU,
- * 100-220k switches/s, this loaded 2-vCPU VM): sched_switch 460-590 ns/event against 53-61 ns
- * for an empty program on the same tracepoint in the same run (8.8-9.6x).  Of the ~410 ns of own
- * work, about 110 go to next's cgroup (four dependent probe reads), 150 to recording the sample
- * (three hash lookups, five atomic adds), the rest to the stamps, clock and helpers.  That is ~6%
- * of one CPU at 140k switches/s, ~0.5% at 10k/s.  sched_wakeup adds ~170-210 ns per wakeup.
- * With outlier support (the same bench, 10 s, 154k switches/s): 471 vs 52 ns (9.0x), wakeup
- * 166 ns: unchanged, since waits under the floor never touch the outlier maps.
- *
- * Known difference to schedstat: for a wakeup onto an idle CPU, run_delay comes out near 0 while
- * this probe measures ~10-20 µs of real time on the dev VM (the idle exit).  Most likely the
- * kernel's rq clock is not updated again before the switch (wakeup_preempt requests the clock
- * skip), so run_delay ends at the enqueue's clock; the tests allow for it on wakeups from idle.
+ * ~110-145k switches/s, the loaded 2-vCPU dev VM, against an empty program on the same
+ * tracepoint in the same mode and run): tp_btf 110-125 vs 72-74 ns (1.54-1.69x, +39-52 ns);
+ * raw_tp ~645 vs 75 ns (eight probe reads).  Before (clock stamps in an LRU hash, hash-map
+ * histograms, wakeup programs): 731 vs 75 ns (9.8x) plus 268 ns per sched_wakeup.
  *
  * Example (`python -m tailsight.demo`: 2 busy loops in victim, 1 in noisy, one CPU that the
  * rest of a loaded machine, cgroup "/", also wants):
@@ -46,87 +40,81 @@
  *
  * Outliers (include/outlier.bpf.h): a wait above max(OUTLIER_FLOOR_NS, the victim cgroup's
  * threshold) is sent with the *victim's* kernel and user stacks.  At the switch that ends the
- * wait the victim is not `current` (prev is) and a raw tracepoint cannot take another task's
- * stack (bpf_get_task_stack needs a BTF task pointer: tp_btf, unavailable here), so the wait is
- * parked in the victim's runqueue_start_ns entry and sent when the victim next leaves the CPU,
- * from its own context.  Its stacks then say what the delayed code was doing after the wait
- * and how it left the CPU: for a preempted busy loop, kernel
- * asm_sysvec_apic_timer_interrupt;irqentry_exit_to_user_mode;schedule;__schedule and a user
- * stack in the interpreter loop (tests/probes/test_outliers.py).  The aggressor is named by
- * runqueue_displaced_wait, not by a stack.  Costs nothing extra on the common path: the pending
- * wait shares the map value already looked up for prev.
+ * wait the victim is not `current` (prev is), so the wait is parked in this CPU's state and sent
+ * at the next switch on this CPU, when the victim leaves it, from its own context.  Its stacks
+ * then say what the delayed code was doing after the wait and how it left the CPU: for a
+ * preempted busy loop, kernel asm_sysvec_apic_timer_interrupt;irqentry_exit_to_user_mode;
+ * schedule;__schedule and a user stack in the interpreter loop (tests/probes/test_outliers.py).
  *
- * Lost samples are counted (runqueue_dropped_events): map full, and "untraced switch": on the dev
- * VM some switches (out of the sandbox agent's threads) never reach the tracepoint; the task they
- * switched in is noticed at its next switch-out, but when its wait ended is unknown.
+ * Lost samples are counted (runqueue_dropped_events): no cgroup slot left, and "untraced
+ * switch": on the dev VM some switches (out of the sandbox agent's threads) never reach the
+ * tracepoint; the wait such a switch ended is not seen.
  *
- * Tunables (-D): RUNQUEUE_MAX_TASKS, RUNQUEUE_MAX_CELLS, RUNQUEUE_MAX_CGROUPS, RUNQUEUE_MAX_PAIRS;
+ * Tunables (-D): RUNQUEUE_MAX_SLOTS (set by runqueue.py), RUNQUEUE_SLOT_CACHE;
  * RUNQUEUE_CGROUP_FILTER: record only victims whose cgroup id is in runqueue_cgroup_allow.
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
 #include "task.bpf.h"
 
-#ifndef RUNQUEUE_MAX_TASKS
-#define RUNQUEUE_MAX_TASKS 16384
+#if !defined(SCHED_INFO_LAST_QUEUED_OFF) || !defined(TASK_SE_CFS_RQ_OFF) ||                    \
+    !defined(CFS_RQ_RQ_OFF) || !defined(RQ_CLOCK_OFF) || !defined(RUNQUEUE_MAX_SLOTS)
+#error "compile through tailsight.probes.runqueue (sched_info/rq offsets and slot count)"
 #endif
-#ifndef RUNQUEUE_MAX_CELLS
-#define RUNQUEUE_MAX_CELLS 65536
+#ifndef RUNQUEUE_SLOT_CACHE
+#define RUNQUEUE_SLOT_CACHE 4 /* per-CPU cgroup id -> slot entries, a power of two */
 #endif
-#ifndef RUNQUEUE_MAX_CGROUPS
-#define RUNQUEUE_MAX_CGROUPS 4096
-#endif
-#ifndef RUNQUEUE_MAX_PAIRS
-#define RUNQUEUE_MAX_PAIRS 16384
-#endif
+#define SLOT_UNKNOWN 0xffffffffU
+#define SLOT_CLAIM_TRIES 4
+#define HIST_ROW (HIST_NUM_BUCKETS + 1) /* finite buckets, then overflow */
 
-#define TASK_RUNNING_STATE 0
-#define ERRNO_EEXIST 17 /* asm-generic/errno-base.h */
-
-/* Drop reasons (index into runqueue_dropped_events). A missing stamp is not a drop. */
-#define DROP_STAMP_UPDATE 0
-#define DROP_HIST_FULL 1
-#define DROP_PAIR_FULL 2
-#define DROP_UNTRACED_SWITCH 3 /* a wait ended in a switch the tracepoint never reported */
-#define DROP_REASONS 4
-
-struct runqueue_pair_key {
-    u64 victim_cgroup_id;
-    u64 aggressor_cgroup_id;
-};
+/* Drop reasons (index into runqueue_dropped_events). */
+#define DROP_SLOTS_FULL 0      /* a cgroup beyond RUNQUEUE_MAX_SLOTS: its waits are lost */
+#define DROP_UNTRACED_SWITCH 1 /* a wait ended in a switch the tracepoint never reported */
+#define DROP_REASONS 2
 
 struct runqueue_pair_wait {
     u64 wait_ns;
     u64 count;
 };
 
-/* Per task: ktime when it became runnable (0 = not queued), and the wait of an outlier whose
- * event is sent when the task next leaves the CPU (0 = none pending). */
-struct runqueue_task {
-    u64 start_ns;
-    u64 outlier_wait_ns;
+struct runqueue_slot_cached {
+    u64 cgroup_id;
+    u32 slot;
+    u32 pad;
 };
 
-/* task_struct address -> struct runqueue_task.  Keyed by address (no
- * probe read needed: it is the tracepoint argument) and cleared in place rather than deleted, so
- * a switch costs two lookups and stores instead of an LRU allocate/free; LRU evicts the entries
- * of tasks that are gone.  A reused address finds 0: a task leaves the CPU for the last time as
- * TASK_DEAD, which clears its stamp. */
-BPF_TABLE("lru_hash", u64, struct runqueue_task, runqueue_start_ns, RUNQUEUE_MAX_TASKS);
-BPF_HASH(runqueue_wait_hist, struct hist_key, u64, RUNQUEUE_MAX_CELLS);
-BPF_HASH(runqueue_wait_totals, u64, struct hist_totals, RUNQUEUE_MAX_CGROUPS);
-BPF_HASH(runqueue_displaced_wait, struct runqueue_pair_key, struct runqueue_pair_wait,
-         RUNQUEUE_MAX_PAIRS);
+/* What one CPU remembers between its switches (a per-CPU slot: no atomics). */
+struct runqueue_cpu {
+    u64 next_task;       /* the task this CPU last switched to */
+    u32 next_slot;       /* its cgroup's slot, if known (SLOT_UNKNOWN): the next aggressor */
+    u32 pad;
+    u64 outlier_task;    /* switched in after an outlier wait: its event is sent when it leaves */
+    u64 outlier_wait_ns;
+    struct runqueue_slot_cached cache[RUNQUEUE_SLOT_CACHE];
+};
+
+/* cgroup id -> slot (the row of the arrays below), and the claim of each slot.  Slot 0 is cgroup
+ * id 0, the idle "aggressor".  Slots are never given back: a cgroup keeps its slot for the life
+ * of the probe, so the per-CPU caches can never go stale. */
+BPF_HASH(runqueue_slots, u64, u32, RUNQUEUE_MAX_SLOTS);
+BPF_HASH(runqueue_slot_owner, u32, u64, RUNQUEUE_MAX_SLOTS);
+BPF_ARRAY(runqueue_slot_hint, u32, 1);
+/* Row per victim slot: bucket counts (shared, atomic adds; user space maps it read-only). */
+BPF_F_TABLE("array", u32, u64, runqueue_wait_hist, RUNQUEUE_MAX_SLOTS * HIST_ROW, BPF_F_MMAPABLE);
+/* victim slot * RUNQUEUE_MAX_SLOTS + aggressor slot -> displaced wait.  Every wait is charged
+ * to one pair, so a victim's row also gives its histogram's exact sum: no separate totals. */
+BPF_F_TABLE("array", u32, struct runqueue_pair_wait, runqueue_displaced_wait,
+            RUNQUEUE_MAX_SLOTS * RUNQUEUE_MAX_SLOTS, BPF_F_MMAPABLE);
+BPF_PERCPU_ARRAY(runqueue_cpu_state, struct runqueue_cpu, 1);
 BPF_PERCPU_ARRAY(runqueue_dropped_events, u64, DROP_REASONS);
-/* The task this CPU last switched to, to notice switches that never reached the tracepoint. */
-BPF_PERCPU_ARRAY(runqueue_cpu_next, u64, 1);
 BPF_RINGBUF_OUTPUT(runqueue_outlier_events, OUTLIER_RINGBUF_PAGES);
 BPF_STACK_TRACE(runqueue_outlier_stacks, OUTLIER_MAX_STACKS);
-BPF_HASH(runqueue_outlier_threshold, u64, u64, RUNQUEUE_MAX_CGROUPS);
+BPF_HASH(runqueue_outlier_threshold, u64, u64, RUNQUEUE_MAX_SLOTS);
 BPF_PERCPU_ARRAY(runqueue_outlier_rate, struct outlier_bucket, 1);
 BPF_PERCPU_ARRAY(runqueue_outlier_dropped, u64, OUTLIER_DROP_REASONS);
 #ifdef RUNQUEUE_CGROUP_FILTER
-BPF_HASH(runqueue_cgroup_allow, u64, u8, RUNQUEUE_MAX_CGROUPS);
+BPF_HASH(runqueue_cgroup_allow, u64, u8, RUNQUEUE_MAX_SLOTS);
 #endif
 
 static __always_inline void count_drop(u32 reason)
@@ -170,121 +158,149 @@ static __always_inline void send_outlier(void *ctx, u64 wait_ns)
         count_outlier_drop(OUTLIER_DROP_RINGBUF_FULL);
 }
 
-/* Stamps `task` as runnable since now unless it already is (the kernel counts from enqueue). */
-static __always_inline void stamp_woken(u64 task)
+/* A free slot for a cgroup seen for the first time (-1: none left).  Without atomic
+ * fetch-and-add (bcc's target lacks it) a slot is claimed by a no-exist insert into
+ * runqueue_slot_owner; a CPU losing the race for the same cgroup wastes its claim. */
+static __always_inline s32 claim_slot(u64 cgroup_id)
 {
-    struct runqueue_task fresh = {};
-    struct runqueue_task *state = runqueue_start_ns.lookup(&task);
-    int err;
+    u32 zero = 0;
+    u32 *hint = runqueue_slot_hint.lookup(&zero);
+    u32 *winner;
+    u32 slot;
 
-    fresh.start_ns = bpf_ktime_get_ns();
-    if (state) {
-        if (state->start_ns == 0)
-            state->start_ns = fresh.start_ns;
-        return;
+    if (!hint)
+        return -1;
+    slot = *hint;
+#pragma unroll
+    for (int try = 0; try < SLOT_CLAIM_TRIES; try++) {
+        if (slot == 0)
+            slot = 1;
+        if (slot >= RUNQUEUE_MAX_SLOTS)
+            return -1;
+        if (runqueue_slot_owner.insert(&slot, &cgroup_id) == 0) {
+            *hint = slot + 1;
+            if (runqueue_slots.insert(&cgroup_id, &slot) == 0)
+                return slot;
+            winner = runqueue_slots.lookup(&cgroup_id);
+            return winner ? (s32)*winner : -1;
+        }
+        slot++;
     }
-    err = runqueue_start_ns.insert(&task, &fresh);
-    /* -EEXIST: stamped by a concurrent wakeup on another CPU, the intended outcome. */
-    if (err && err != -ERRNO_EEXIST)
-        count_drop(DROP_STAMP_UPDATE);
+    return -1;
 }
 
-int on_sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
+/* The slot of a cgroup: this CPU's small cache, then the hash, then a new claim. */
+static __always_inline s32 slot_of(struct runqueue_cpu *cpu, u64 cgroup_id)
 {
-    stamp_woken(ctx->args[0]);
-    return 0;
+    struct runqueue_slot_cached *cached;
+    u32 *known;
+    s32 slot;
+
+    if (cgroup_id == 0)
+        return 0;
+    cached = &cpu->cache[cgroup_id & (RUNQUEUE_SLOT_CACHE - 1)];
+    if (cached->cgroup_id == cgroup_id)
+        return cached->slot;
+    known = runqueue_slots.lookup(&cgroup_id);
+    slot = known ? (s32)*known : claim_slot(cgroup_id);
+    if (slot < 0)
+        return -1;
+    cached->cgroup_id = cgroup_id;
+    cached->slot = (u32)slot;
+    return slot;
 }
 
-int on_sched_wakeup_new(struct bpf_raw_tracepoint_args *ctx)
+static __always_inline void record_wait(u32 victim, u32 aggressor, u64 wait_ns)
 {
-    stamp_woken(ctx->args[0]);
-    return 0;
-}
+    u32 cell = victim * HIST_ROW + hist_bucket_index(wait_ns);
+    u32 pair_index = victim * RUNQUEUE_MAX_SLOTS + aggressor;
+    u64 *bucket_count = runqueue_wait_hist.lookup(&cell);
+    struct runqueue_pair_wait *pair = runqueue_displaced_wait.lookup(&pair_index);
 
-static __always_inline void record_wait(u64 victim_cgroup_id, u64 aggressor_cgroup_id, u64 wait_ns)
-{
-    struct hist_key key = hist_key_for(victim_cgroup_id, wait_ns);
-    struct hist_totals no_totals = {};
-    struct runqueue_pair_key pair = {};
-    struct runqueue_pair_wait no_wait = {};
-    struct runqueue_pair_wait *displaced;
-    u64 zero = 0;
-    u64 *bucket_count = runqueue_wait_hist.lookup_or_try_init(&key, &zero);
-    struct hist_totals *totals = runqueue_wait_totals.lookup_or_try_init(&victim_cgroup_id,
-                                                                         &no_totals);
-
-    if (hist_add_sample(bucket_count, totals, wait_ns))
-        count_drop(DROP_HIST_FULL);
-
-    pair.victim_cgroup_id = victim_cgroup_id;
-    pair.aggressor_cgroup_id = aggressor_cgroup_id;
-    displaced = runqueue_displaced_wait.lookup_or_try_init(&pair, &no_wait);
-    if (!displaced) {
-        count_drop(DROP_PAIR_FULL);
-        return;
-    }
-    __sync_fetch_and_add(&displaced->wait_ns, wait_ns);
-    __sync_fetch_and_add(&displaced->count, 1);
+    if (!bucket_count || !pair)
+        return; /* slots are < RUNQUEUE_MAX_SLOTS: never */
+    __sync_fetch_and_add(bucket_count, 1);
+    __sync_fetch_and_add(&pair->wait_ns, wait_ns);
+    __sync_fetch_and_add(&pair->count, 1);
 }
 
 int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 {
-    /* prev (args[1]) is still `current` here: the tracepoint fires before context_switch(), so
-     * the current-task helpers name prev without reading task_struct. */
-    u64 prev = ctx->args[1];
-    u64 next = ctx->args[2];
-    u32 prev_state = (u32)ctx->args[3];
-    u32 prev_pid = (u32)bpf_get_current_pid_tgid();
-    u64 now_ns = bpf_ktime_get_ns();
-    struct runqueue_task *state;
-    struct runqueue_task fresh = {};
+    /* prev (args[1]) is still `current` here: the tracepoint fires before context_switch(). */
+    const void *prev = (const void *)ctx->args[1];
+    const void *next = (const void *)ctx->args[2];
+    u32 zero = 0;
+    struct runqueue_cpu *cpu = runqueue_cpu_state.lookup(&zero);
+    u64 queued_ns;
+    u64 clock_ns;
     u64 wait_ns;
     u64 victim_cgroup_id;
-    u32 zero = 0;
-    u64 *cpu_next = runqueue_cpu_next.lookup(&zero);
+    u64 aggressor_cgroup_id = 0;
+    s32 victim;
+    s32 aggressor = -1;
 
-    if (prev_pid != 0) /* the idle task is never queued */
-        state = runqueue_start_ns.lookup(&prev);
-    else
-        state = 0;
-    if (cpu_next) {
-        /* prev got this CPU in a switch we never saw (some do not reach the tracepoint, seen
-         * on the dev VM): the end of its wait is unknown, so the sample is lost; count it. */
-        if (*cpu_next && *cpu_next != prev && state && state->start_ns)
-            count_drop(DROP_UNTRACED_SWITCH);
-        *cpu_next = next;
+    if (!cpu)
+        return 0;
+    /* prev got this CPU in a switch we never saw (some do not reach the tracepoint, seen on the
+     * dev VM): whatever wait that switch ended is lost; count it. */
+    if (cpu->next_task == (u64)prev) {
+        if (cpu->next_slot != SLOT_UNKNOWN)
+            aggressor = (s32)cpu->next_slot; /* prev's slot, found when it was switched in */
+    } else if (cpu->next_task) {
+        count_drop(DROP_UNTRACED_SWITCH);
     }
-    if (state && state->outlier_wait_ns) {
-        /* prev is the victim of an earlier outlier wait, and `current`: its stacks now. */
-        send_outlier(ctx, state->outlier_wait_ns);
-        state->outlier_wait_ns = 0;
-    }
-    if (prev_pid != 0) {
-        if (prev_state == TASK_RUNNING_STATE) {
-            fresh.start_ns = now_ns;
-            if (state)
-                state->start_ns = now_ns;
-            else if (runqueue_start_ns.update(&prev, &fresh))
-                count_drop(DROP_STAMP_UPDATE);
-        } else if (state) {
-            state->start_ns = 0;
-        }
+    cpu->next_task = (u64)next;
+    cpu->next_slot = SLOT_UNKNOWN;
+    if (cpu->outlier_task) {
+        /* The victim of the last outlier wait on this CPU, leaving it: `current`, stacks now. */
+        if (cpu->outlier_task == (u64)prev)
+            send_outlier(ctx, cpu->outlier_wait_ns);
+        cpu->outlier_task = 0;
     }
 
-    state = runqueue_start_ns.lookup(&next);
-    if (!state || state->start_ns == 0)
-        return 0; /* not stamped: the idle task, or queued before we attached */
-    wait_ns = now_ns > state->start_ns ? now_ns - state->start_ns : 0;
-    state->start_ns = 0;
+    /* The kernel's own wait: sched_info_arrive(next), which runs right after this tracepoint
+     * under the same rq lock and clock, adds rq->clock - last_queued to run_delay.  0: not
+     * queued (the idle task) -- nothing to record. */
+    queued_ns = kread_u64(next, SCHED_INFO_LAST_QUEUED_OFF);
+    if (queued_ns == 0)
+        return 0;
+    clock_ns = kread_u64(kread_ptr(kread_ptr(next, TASK_SE_CFS_RQ_OFF), CFS_RQ_RQ_OFF),
+                         RQ_CLOCK_OFF);
+    if (clock_ns == 0)
+        return 0; /* a read failed: no clock, no sample */
+    wait_ns = clock_ns > queued_ns ? clock_ns - queued_ns : 0;
 
-    victim_cgroup_id = task_cgroup_id((const void *)next);
+    victim_cgroup_id = task_cgroup_id(next);
 #ifdef RUNQUEUE_CGROUP_FILTER
     if (!runqueue_cgroup_allow.lookup(&victim_cgroup_id))
         return 0;
 #endif
-    record_wait(victim_cgroup_id, prev_pid == 0 ? 0 : bpf_get_current_cgroup_id(), wait_ns);
+    victim = slot_of(cpu, victim_cgroup_id);
+    if (victim < 0) {
+        count_drop(DROP_SLOTS_FULL);
+        return 0;
+    }
+    cpu->next_slot = (u32)victim;
+    if (aggressor < 0) {
+        /* prev is the idle task (pid 0): the CPU was idle, nobody displaced next (slot 0). */
+#ifdef TAILSIGHT_TP_BTF
+        if (task_pid(prev) != 0)
+            aggressor_cgroup_id = task_cgroup_id(prev);
+#else
+        if ((u32)bpf_get_current_pid_tgid() != 0)
+            aggressor_cgroup_id = bpf_get_current_cgroup_id();
+#endif
+        aggressor = slot_of(cpu, aggressor_cgroup_id);
+        if (aggressor < 0) {
+            count_drop(DROP_SLOTS_FULL);
+            return 0;
+        }
+    }
+    record_wait((u32)victim, (u32)aggressor, wait_ns);
     if (outlier_above_floor(wait_ns) &&
-        outlier_above_threshold(runqueue_outlier_threshold.lookup(&victim_cgroup_id), wait_ns))
-        state->outlier_wait_ns = wait_ns; /* sent when next leaves the CPU, from its context */
+        outlier_above_threshold(runqueue_outlier_threshold.lookup(&victim_cgroup_id), wait_ns)) {
+        cpu->outlier_task = (u64)next; /* sent when next leaves the CPU, from its context */
+        cpu->outlier_wait_ns = wait_ns;
+    }
     return 0;
 }

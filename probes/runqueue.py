@@ -7,15 +7,29 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+import numpy as np
+
+from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, read_histograms
+from tailsight.probes.bccprobe import BccProbe, slot_histograms, slot_ids
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 
 PROBE_NAME: Final = "runqueue"
 # Index i of the kernel's runqueue_dropped_events array (DROP_* in runqueue.bpf.c).
-DROP_REASONS: Final = ("stamp_update", "hist_full", "pair_full", "untraced_switch")
+DROP_REASONS: Final = ("slots_full", "untraced_switch")
+MAX_SLOTS: Final = 256
+"""Cgroups the probe can tell apart (slot 0 is the idle aggressor); memory: 4.2 MiB of
+histogram rows + 1 MiB of victim x aggressor pairs, shared by all CPUs (-DRUNQUEUE_MAX_SLOTS)."""
+HIST_ROW: Final = NUM_BUCKETS + 1
+# Fields of the kernel's own run-queue wait (sched_info_arrive: rq->clock - last_queued).
+SCHED_FIELDS: Final = {
+    "SCHED_INFO_LAST_QUEUED_OFF": ("task_struct", "sched_info.last_queued"),
+    "TASK_SE_CFS_RQ_OFF": ("task_struct", "se.cfs_rq"),
+    "CFS_RQ_RQ_OFF": ("cfs_rq", "rq"),
+    "RQ_CLOCK_OFF": ("rq", "clock"),
+}
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 DISPLACED_SWITCHES: Final = "runqueue_displaced_switches"
 DROPPED: Final = "runqueue_dropped_events"
@@ -41,22 +55,41 @@ class RunQueueProbe(BccProbe):
     ) -> None:
         super().__init__(cgroup_ids, outlier_floor_ns, outlier_rate_per_s)
 
+    def extra_cflags(self) -> list[str]:
+        """BTF offsets of sched_info.last_queued and of next -> cfs_rq -> rq -> clock (needs
+        CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED), and the slot count."""
+        from tailsight.probes.offsets import resolve_offsets
+
+        offsets = resolve_offsets(fields=SCHED_FIELDS)
+        return [f"-D{macro}={value}" for macro, value in offsets.items()] + [
+            f"-DRUNQUEUE_MAX_SLOTS={MAX_SLOTS}"
+        ]
+
     def read(self) -> Snapshot:
         """Cumulative wait histograms per cgroup id, displaced wait per pair, drops and
         outlier stacks."""
         bpf = self._require_bpf()
         taken_ns = time.time_ns()
-        wait = read_histograms(
-            bpf[b"runqueue_wait_hist"],
-            bpf[b"runqueue_wait_totals"],
-            lambda cell: int(cell.cgroup_id),
-            lambda cgroup_id: int(cgroup_id.value),
-        )
+        cgroup_of = slot_ids(bpf[b"runqueue_slots"])
+        cgroup_of[0] = 0
+        slots = sorted(cgroup_of)
+        hist_rows = self.mapped_array("runqueue_wait_hist", np.uint64, (MAX_SLOTS, HIST_ROW))
+        pairs = self.mapped_array("runqueue_displaced_wait", np.uint64, (MAX_SLOTS, MAX_SLOTS, 2))
+        # Pairs first: a wait lands in the histogram before its pair, so a read racing with a
+        # switch sees at most one more histogram sample than pair samples, never fewer.
+        pair_block = pairs[np.ix_(slots, slots)].copy()
+        rows = hist_rows[slots].copy()
+        sums = [int(total) for total in pair_block[:, :, 0].sum(axis=1, dtype=np.uint64)]
+        wait = {
+            cgroup_of[slot]: hist
+            for slot, hist in zip(slots, slot_histograms(rows, sums), strict=True)
+            if hist.count
+        }
         counters: dict[tuple[str, Labels], int] = {}
-        for pair, pair_wait in bpf[b"runqueue_displaced_wait"].items():
-            key = labels(victim=pair.victim_cgroup_id, aggressor=pair.aggressor_cgroup_id)
-            counters[(DISPLACED_WAIT, key)] = int(pair_wait.wait_ns)
-            counters[(DISPLACED_SWITCHES, key)] = int(pair_wait.count)
+        for v, a in zip(*np.nonzero(pair_block[:, :, 1]), strict=True):
+            key = labels(victim=cgroup_of[slots[v]], aggressor=cgroup_of[slots[a]])
+            counters[(DISPLACED_WAIT, key)] = int(pair_block[v, a, 0])
+            counters[(DISPLACED_SWITCHES, key)] = int(pair_block[v, a, 1])
         drops = bpf[b"runqueue_dropped_events"]
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
@@ -84,8 +117,4 @@ def top_pairs(document: HistDocument, limit: int = 5) -> list[tuple[str, str, in
 def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:
     """The raw tracepoint signatures runqueue.bpf.c reads (``ctx->args[i]``), for BTF checks."""
     task = "struct task_struct *"
-    return {
-        "sched_wakeup": [task],
-        "sched_wakeup_new": [task],
-        "sched_switch": ["bool", task, task, "unsigned int"],
-    }
+    return {"sched_switch": ["bool", task, task, "unsigned int"]}

@@ -6,6 +6,7 @@ return value is the kernel's bucket index and its maps hold what hist_add_sample
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,7 @@ import pytest
 
 from tailsight.hist import NUM_BUCKETS, bucket_index, bucket_upper_bounds_ns
 
-pytestmark = pytest.mark.kernel
-
+HEADER = Path(__file__).parents[2] / "probes" / "include" / "hist.bpf.h"
 HARNESS = Path(__file__).with_name("hist_index_test.bpf.c")
 EDGE_CGROUP, RANDOM_CGROUP, HUGE_CGROUP = 11, 22, 33
 
@@ -46,6 +46,21 @@ def _kernel_index(prog_fd: int, value_ns: int, cgroup_id: int) -> int:
     return prog_test_run_raw_tp(prog_fd, [value_ns, cgroup_id])
 
 
+def test_multiply_shift_is_the_division_over_the_whole_linear_range() -> None:
+    """hist.bpf.h divides by 5000 as a multiply and shift: exact for every linear value."""
+    text = HEADER.read_text()
+
+    def constant(name: str) -> int:
+        found = re.search(rf"#define {name} (\d+)", text)
+        assert found, name
+        return int(found.group(1))
+
+    multiplier, shift = constant("HIST_DIV_MULTIPLIER"), constant("HIST_DIV_SHIFT")
+    x = np.arange(0, 5_000 * 2_048, dtype=np.uint64)  # v - 1 below HIST_LINEAR_LIMIT_NS
+    assert np.array_equal((x * np.uint64(multiplier)) >> np.uint64(shift), x // np.uint64(5_000))
+
+
+@pytest.mark.kernel
 def test_kernel_index_matches_hist_py(harness: Any) -> None:
     bpf, prog_fd = harness
     rng = np.random.default_rng(20261129)
@@ -76,6 +91,7 @@ def test_kernel_index_matches_hist_py(harness: Any) -> None:
     assert totals[HUGE_CGROUP][0] == len(huge)
 
 
+@pytest.mark.kernel
 def test_attach_failure_names_the_tracepoint_and_reason(harness: Any) -> None:
     from tailsight.probes.loader import AttachError, attach_raw_tracepoints
 
