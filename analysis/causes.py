@@ -5,6 +5,9 @@ Every candidate compares the same before/after windows as the symptom (per-inter
 - **counters** (:data:`COUNTER_CAUSES`): TCP retransmits and retransmit failures, task migrations
   (cross-CPU, cross-node), socket syscall errors by (syscall, errno). One-sided conditional
   binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
+- **neighbour calls**: socket syscalls per interval of cgroups *outside* the incident (from the
+  netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`): a neighbour
+  hammering the same socket path.
 - **run-queue displacement**: each aggressor's displaced wait of an incident cgroup
   (``runqueue_displaced_wait_ns``), one-sided Mann-Whitney test of after > before per interval.
   An aggressor equal to the victim is another task of the victim's own cgroup.
@@ -37,13 +40,19 @@ from tailsight.probes.tcpstate import RETRANSMIT_FAILURES, RETRANSMITS
 
 MIGRATIONS: Final = MIGRATION_KINDS[0]
 CROSS_NODE_MIGRATIONS: Final = MIGRATION_KINDS[1]
+CALLS: Final = "netsyscall_calls"
+"""Socket syscalls per (cgroup, syscall): the event count of the netsyscall histograms."""
 COUNTER_CAUSES: Final = {
     RETRANSMITS: "retransmits",
     RETRANSMIT_FAILURES: "retransmit_failures",
     MIGRATIONS: "migrations",
     CROSS_NODE_MIGRATIONS: "cross_node_migrations",
     ERRORS: "syscall_errors",
+    CALLS: "neighbour_calls",
 }
+MIN_CALL_RATIO: Final = 2.0
+"""A neighbour's calls must at least double: with thousands of calls per interval any small
+drift is significant, and only a burst explains someone else's latency."""
 PEER_COUNTERS: Final = frozenset({RETRANSMITS, RETRANSMIT_FAILURES})
 """Counters tested in every cgroup: a connection's other end may sit in any of them."""
 MIN_RTO_NS: Final = 200e6  # TCP_RTO_MIN on Linux
@@ -98,6 +107,13 @@ class Cause:
             return (
                 f"tasks of {where} were moved {scope} {self.before:.1f} -> {self.after:.1f} "
                 "times per interval (each move: a cold cache and a new run queue)"
+            )
+        if self.kind == "neighbour_calls":
+            call = self.labels.get("syscall", "syscalls")
+            return (
+                f"a neighbour, {self.cgroup}, started calling {call} at the same time: "
+                f"{_count(self.before)} -> {_count(self.after)} calls per interval (the probes "
+                "cannot tell whether it shares the victim's socket)"
             )
         if self.kind == "syscall_errors":
             call = self.labels.get("syscall", "syscalls")
@@ -156,6 +172,12 @@ class CounterTable:
                 labels = tuple(sorted((k, v) for k, v in counter.labels.items() if k != "probe"))
                 row = rows.setdefault((counter.name, labels), np.zeros(len(documents)))
                 row[t] += counter.value
+            for series in document.series:
+                if series.labels.get("probe") != "netsyscall":
+                    continue
+                labels = tuple(sorted((k, v) for k, v in series.labels.items() if k != "probe"))
+                row = rows.setdefault((CALLS, labels), np.zeros(len(documents)))
+                row[t] += series.hist.count
         return cls(rows)
 
 
@@ -164,9 +186,11 @@ def find_causes(
     windows: Windows,
     cgroups: Collection[str],
     fdr: float = 0.05,
+    symptoms: Collection[str] = (),
 ) -> list[Cause]:
     """Every candidate cause of the incident's cgroups (and TCP peers), discoveries first,
-    ranked by effect size; BH at ``fdr`` across all of them."""
+    ranked by effect size; BH at ``fdr`` across all of them. ``symptoms``: the cgroups whose own
+    series jumped (their call volume is the volume term of the decomposition, not a cause)."""
     n_before = windows.change - windows.before_start
     n_after = windows.after_stop - windows.change
     candidates: list[Cause] = []
@@ -199,10 +223,13 @@ def find_causes(
             continue
         cgroup = labels.get("cgroup", "")
         inside = cgroup in cgroups
-        if not inside and name not in PEER_COUNTERS:
+        if name == CALLS and cgroup in symptoms:
+            continue  # a symptom's own traffic is the volume term of its decomposition
+        if not inside and name not in PEER_COUNTERS and name != CALLS:
             continue
         events_before, events_after = int(before_row.sum()), int(after_row.sum())
-        if events_after * n_before <= events_before * n_after:
+        ratio_floor = MIN_CALL_RATIO if name == CALLS else 1.0
+        if events_after * n_before <= ratio_floor * events_before * n_after:
             continue  # not a rise: no candidate
         p_value = rate_increase_p_value(events_before, events_after, n_before, n_after)
         effect = math.log(((events_after + 0.5) / n_after) / ((events_before + 0.5) / n_before))
@@ -220,7 +247,7 @@ def find_causes(
                 values=tuple(row.tolist()),
                 intervals_before=n_before,
                 intervals_after=n_after,
-                peer=not inside,
+                peer=not inside and name != CALLS,
             )
         )
     if not candidates:
@@ -230,7 +257,7 @@ def find_causes(
         Cause(**{**c.__dict__, "discovered": bool(f)})
         for c, f in zip(candidates, found, strict=True)
     ]
-    ranked.sort(key=lambda c: (not c.discovered, c.peer, -c.effect, c.p_value, c.cgroup))
+    ranked.sort(key=lambda c: (not c.discovered, -c.effect, c.p_value, c.cgroup))
     return ranked
 
 

@@ -44,6 +44,8 @@ from tailsight.probes.outliers import short_stack
 TEXT_WIDTH: Final = 80
 MIN_SPLIT_EVENTS: Final = 20
 """Fewest tail events (both windows) on which a split of the rise is printed."""
+LINKED: Final = frozenset({"retransmits", "retransmit_failures"})
+"""Causes at either end of a connection: they concern every symptom of the incident."""
 MAJORITY: Final = 0.5
 """An aggregate is explained by one cgroup that holds at least this share of its rise."""
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
@@ -556,7 +558,8 @@ def _causes(
 ) -> tuple[list[Cause], int]:
     change = min(jumps[m].change_index for m in members)
     windows = Windows.around(change, intervals, config.window_intervals)
-    candidates = find_causes(table, windows, cgroups, config.fdr)
+    symptoms = {c for m in members if not jumps[m].aggregate for c in jump_cgroups(jumps[m])}
+    candidates = find_causes(table, windows, cgroups, config.fdr, symptoms)
     return [c for c in candidates if c.discovered], len(candidates)
 
 
@@ -576,6 +579,10 @@ def _incident(
     shown.sort(key=lambda j: (j.aggregate, -abs(math.log(_safe_ratio(j))), j.p_value, j.series))
     cgroups = set().union(*(jump_cgroups(j) for j in chosen))
     causes, tested = _causes(jumps, members, cgroups, table, intervals, config)
+    # The headline's own causes first: a cause of another cgroup of the incident (the run-queue
+    # of / displaced by the same hog) is context, not the answer to "why did this rise?".
+    mine = jump_cgroups(shown[0])
+    causes.sort(key=lambda c: not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED))
     return Incident(shown, folded, causes, tested, sorted(cgroups))
 
 

@@ -253,7 +253,9 @@ def run_injection(
                     stop.set()
                     flipper.join()
             else:  # neighbour_syscalls
-                flood = [_task("neighbour", UNIX_FLOOD, socket_path, cpu=CPU)]
+                # On another CPU: the neighbour must hurt through the socket, not as a CPU hog.
+                other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
+                flood = [_task("neighbour", UNIX_FLOOD, socket_path, cpu=other)]
                 with Workload(flood, base=base) as neighbour:
                     culprit = neighbour.cgroup_path("neighbour")
                     time.sleep(fault_s)
