@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-SYSTEM_PACKAGES=(python3-bpfcc bpftool python3-venv prometheus iproute2 nftables)
+SYSTEM_PACKAGES=(python3-bpfcc bpftool python3-venv prometheus iproute2 nftables chromium)
 
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
