@@ -158,6 +158,7 @@ def gate(
     series: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="SELECTOR",
             help="label filter instead of the in-system tick-to-trade, e.g. stage=book "
             "(repeatable; Holm-Bonferroni over all comparisons)"
         ),
