@@ -429,8 +429,8 @@ class PrometheusExporter:
                 "gauge",
                 "Exact quantile from full-resolution 5 µs buckets over the window.",
             )
-            for label_key, parts in sorted(series.items()):
-                values_ns = _quantiles_ns(parts, QUANTILES)
+            for label_key, members in sorted(series.items()):
+                values_ns = _quantiles_ns(members, QUANTILES)
                 if values_ns is None:
                     continue
                 pairs = _pairs(label_key, names)
