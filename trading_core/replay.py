@@ -301,6 +301,7 @@ def _exchange_main(
         try:
             connection.send(("ready",))
             command = connection.recv()
+            cpu_started_ns = time.process_time_ns()
             if command[0] == "go":
                 exchange.start_market(int(command[1]))
                 command = connection.recv()  # "stop"
@@ -309,6 +310,7 @@ def _exchange_main(
         counters = {
             f"exchange_{name}": int(value) for name, value in asdict(exchange.stats).items()
         }
+        counters["exchange_cpu_ns"] = time.process_time_ns() - cpu_started_ns
         published = exchange.published()
         connection.send(
             (
@@ -462,12 +464,14 @@ class _TradingSide:
             if command[0] != "go":
                 raise ReplayRunError("run called off before it started")
             deadline_ns = command[1]
+            cpu_started_ns = time.thread_time_ns()
             while time.perf_counter_ns() < deadline_ns:
                 if feed.complete and sink.answered >= sink.orders:
                     break
                 feed.poll(5)
                 gateway.service()
             complete = feed.complete and sink.answered >= sink.orders
+            cpu_ns = time.thread_time_ns() - cpu_started_ns
             # Account Query is answered after everything sequenced before it: once it is in,
             # our view has every ack and fill the exchange sent, and the two must agree.
             gateway.send_raw(ouch.AccountQueryRequest())
@@ -483,6 +487,7 @@ class _TradingSide:
                 "order_rejects": sink.rejected,
                 "cancels": sink.cancels,
                 "gateway_disconnect": int(gateway.disconnect_reason not in ("logout", None)),
+                "trading_cpu_ns": cpu_ns,
                 **{f"risk_reject_{k}": v for k, v in strategy.risk_rejects.items()},
             }
             connection.send(
@@ -698,6 +703,7 @@ class ReplaySystem:
         handling_ns = counters.get("exchange_order_handling_ns", 0)
         counters.update(
             reconcile_differences=len(problems),
+            published_from_file=int(from_file.sum()),
             fills=len(view.fills),
             orders_per_s=round(orders / run_s),
             exchange_order_capacity_per_s=(
