@@ -31,17 +31,20 @@ from tailsight.histfile import HistDocument
 from tailsight.workload import Task, Workload, private_base, python_task
 
 KINDS: Final = ("cpu_hog", "packet_loss", "migrations", "neighbour_syscalls", "own_cgroup")
+QUIET: Final = "quiet"
+"""No injection: the victim alone; a right report holds no incident of the victim."""
 CPU: Final = 0
 INTERVAL_S: Final = 0.5
 HIGH_PRIORITY: Final = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -19)\n"
 # Sleeps 1 ms, spins 2 ms: waits on the run queue whenever someone else holds its CPU.
-VICTIM_CODE: Final = HIGH_PRIORITY + (
+VICTIM_LOOP: Final = (
     "import time\n"
     "while True:\n"
     "    time.sleep(0.001)\n"
     "    end = time.perf_counter() + 0.002\n"
     "    while time.perf_counter() < end: pass\n"
 )
+VICTIM_CODE: Final = HIGH_PRIORITY + VICTIM_LOOP
 HOG_CODE: Final = HIGH_PRIORITY + "while True: pass\n"
 TCP_SERVER: Final = (
     "import socket, sys\n"
@@ -210,8 +213,8 @@ def run_injection(
     """Record ``baseline_s`` of the workload, then ``fault_s`` with the fault; return the truth."""
     from tailsight.collector.store import Recording
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown injection {kind!r}; one of {', '.join(KINDS)}")
+    if kind not in (*KINDS, QUIET):
+        raise ValueError(f"unknown injection {kind!r}; one of {', '.join(KINDS)} or {QUIET}")
     base = private_base(f"rca-{kind}")
     port = 20_000 + os.getpid() % 20_000
     socket_path = str(directory.parent / f"rca-{os.getpid()}.sock")
@@ -222,9 +225,16 @@ def run_injection(
             _task("server", UNIX_SERVER, socket_path, cpu=CPU),
             _task("victim", UNIX_CLIENT, socket_path, cpu=CPU),
         ]
+    elif kind == "migrations":
+        # A steady neighbour spins on the other CPU all along; the victim has CPU 0 to itself
+        # until the flipping starts sending it there every other 2 ms.
+        other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
+        tasks = [
+            _task("victim", VICTIM_LOOP, cpu=CPU),
+            _task("background", "while True: pass\n", cpu=other),
+        ]
     else:
-        pinned = None if kind == "migrations" else CPU
-        tasks = [_task("victim", VICTIM_CODE, cpu=pinned)]
+        tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
     with Workload(tasks, base=base) as load:
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
         with _recording(directory):
@@ -242,7 +252,7 @@ def run_injection(
                     time.sleep(fault_s)
             elif kind == "migrations":
                 stop = threading.Event()
-                cpus = sorted(os.sched_getaffinity(0))[:2]
+                cpus = [CPU, max(os.sched_getaffinity(0) - {CPU}, default=CPU)]
                 flipper = threading.Thread(
                     target=_flip_affinity, args=(load.pids("victim"), cpus, stop)
                 )
@@ -252,6 +262,8 @@ def run_injection(
                 finally:
                     stop.set()
                     flipper.join()
+            elif kind == QUIET:
+                time.sleep(fault_s)
             else:  # neighbour_syscalls
                 # On another CPU: the neighbour must hurt through the socket, not as a CPU hog.
                 other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
@@ -266,7 +278,8 @@ def run_injection(
         "own_cgroup": ("displacement",),
         "packet_loss": ("retransmits", "retransmit_failures"),
         "migrations": ("migrations", "cross_node_migrations"),
-        "neighbour_syscalls": ("neighbour_calls", "displacement"),
+        "neighbour_syscalls": ("neighbour_calls",),
+        QUIET: (),
     }[kind]
     return Injection(
         kind=kind,
@@ -310,8 +323,6 @@ def _matches(cause: object, injection: Injection) -> bool:
         return cause.cgroup == injection.victim and cause.labels.get("aggressor") == (
             injection.culprit
         )
-    if cause.kind == "neighbour_calls":
-        return cause.cgroup == injection.culprit
     if cause.kind.startswith("retransmit"):
         return True  # either end of the connection retransmits the dropped segments
     return cause.cgroup == injection.culprit

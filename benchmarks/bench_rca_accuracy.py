@@ -1,0 +1,124 @@
+"""Root-cause accuracy of `tailsight explain` on real injections into real cgroups (needs root, bcc,
+nftables): per fault kind, top-1 and top-3 cause and the time error of the incident's start;
+quiet recordings (no injection) and how often a report names an incident of the victim there.
+
+Same-run baseline: the answer the report gave before causes across probes existed, i.e. only the
+run-queue aggressor of a jump of the victim (right for the CPU kinds, blind to the others).
+
+Each injection takes the shared heavy-test lock (/tmp/tailsight-heavy.lock) for itself only, so
+the full run (20 injections + quiet runs, about 15 minutes) never holds it for long.
+
+    python benchmarks/bench_rca_accuracy.py            # 4 per kind + 5 quiet runs of 30 s
+    python benchmarks/bench_rca_accuracy.py --quick    # 1 per kind + 1 quiet run of 16 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
+from tailsight.analysis.inject import KINDS, QUIET, Injection, Score, run_injection, score
+
+LOCK = Path("/tmp/tailsight-heavy.lock")
+
+
+@contextlib.contextmanager
+def heavy_lock() -> Iterator[None]:
+    with LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def baseline_top1(report: Report, injection: Injection) -> bool:
+    """The old report's answer: the first aggressor of the victim's run-queue jump."""
+    for jump in report.jumps:
+        if jump.labels.get("cgroup") != injection.victim or jump.displacement is None:
+            continue
+        rising = [a for a in jump.displacement.aggressors if a.excess_ns > 0]
+        return (
+            bool(rising)
+            and "displacement" in injection.expected
+            and (rising[0].aggressor == injection.culprit)
+        )
+    return False
+
+
+def one(kind: str, baseline_s: float, fault_s: float) -> tuple[Score, bool, float, str]:
+    with tempfile.TemporaryDirectory(prefix="rca-bench-") as scratch:
+        with heavy_lock():
+            injection = run_injection(kind, Path(scratch) / "rec", baseline_s, fault_s)
+        start = time.perf_counter()
+        report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
+        explain_s = time.perf_counter() - start
+        headline = report.incidents[0].sentences()[0] if report.incidents else "(no incident)"
+        return score(report, injection), baseline_top1(report, injection), explain_s, headline
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one injection per kind")
+    parser.add_argument("--per-kind", type=int, default=4)
+    parser.add_argument("--quiet-runs", type=int, default=5)
+    args = parser.parse_args()
+    per_kind = 1 if args.quick else args.per_kind
+    quiet_runs = 1 if args.quick else args.quiet_runs
+    baseline_s, fault_s = (8.0, 8.0) if args.quick else (10.0, 10.0)
+    results: dict[str, list[tuple[Score, bool, float, str]]] = {k: [] for k in KINDS}
+    for n in range(per_kind):
+        for kind in KINDS:
+            result = one(kind, baseline_s, fault_s)
+            results[kind].append(result)
+            s = result[0]
+            print(
+                f"  [{n + 1}/{per_kind}] {kind:<19} found={s.found!s:<5} top1={s.top1!s:<5} "
+                f"top3={s.top3!s:<5} dt={s.time_error_s:+.2f}s  named: {s.named}",
+                flush=True,
+            )
+    print(f"\nroot-cause accuracy ({per_kind} injection(s) per kind, {baseline_s:.0f} s baseline "
+          f"+ {fault_s:.0f} s fault, 0.5 s intervals, all probes)")  # fmt: skip
+    print(f"  {'kind':<19} {'n':>3} {'found':>6} {'top-1':>6} {'top-3':>6} "
+          f"{'|dt| median':>12} {'baseline top-1':>15} {'explain s':>10}")  # fmt: skip
+    totals = [0, 0, 0, 0, 0]
+    for kind, rows in results.items():
+        scores = [r[0] for r in rows]
+        found = sum(s.found for s in scores)
+        top1 = sum(s.top1 for s in scores)
+        top3 = sum(s.top3 for s in scores)
+        base = sum(r[1] for r in rows)
+        errors = [abs(s.time_error_s) for s in scores if not math.isnan(s.time_error_s)]
+        median = f"{statistics.median(errors):.2f} s" if errors else "-"
+        seconds = statistics.mean(r[2] for r in rows)
+        print(f"  {kind:<19} {len(rows):>3} {found:>6} {top1:>6} {top3:>6} {median:>12} "
+              f"{base:>15} {seconds:>10.1f}")  # fmt: skip
+        for i, value in enumerate((len(rows), found, top1, top3, base)):
+            totals[i] += value
+    n, found, top1, top3, base = totals
+    print(f"  {'all':<19} {n:>3} {found:>6} {top1:>6} {top3:>6} {'':>12} {base:>15}")
+    print(f"  top-1 {top1 / n:.0%}, top-3 {top3 / n:.0%}; same-run baseline (run-queue aggressor "
+          f"only) top-1 {base / n:.0%}; ratio {top1 / max(base, 1):.1f}x")  # fmt: skip
+    quiet_s = 16.0 if args.quick else 30.0
+    clean = any_incident = 0
+    for n in range(quiet_runs):
+        s, _, _, headline = one(QUIET, quiet_s / 2, quiet_s / 2)
+        clean += not s.found
+        any_incident += headline != "(no incident)"
+        print(f"  quiet [{n + 1}/{quiet_runs}] incident of the victim: {s.found}; first "
+              f"headline: {headline}", flush=True)  # fmt: skip
+    print(f"quiet recordings ({quiet_runs} x {quiet_s:.0f} s, victim alone): no incident of the "
+          f"victim in {clean}/{quiet_runs}; no incident at all (machine's other load included) "
+          f"in {quiet_runs - any_incident}/{quiet_runs}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
