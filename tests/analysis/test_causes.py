@@ -219,3 +219,24 @@ def test_unrelated_jumps_are_separate_incidents() -> None:
     assert [h[0] for h in heads] == ["/a", "/b"], heads
     assert abs(heads[0][1] - 20) <= 1 and abs(heads[1][1] - 55) <= 1
     assert "No cause found" in report.render_text()
+
+
+def test_html_has_one_section_per_incident_with_the_cause_beside_the_symptom() -> None:
+    import xml.etree.ElementTree as ET
+
+    from tailsight.analysis.report_html import render_html
+
+    documents = tcp_documents(seed=5)
+    report = explain_documents(documents, config=CONFIG)
+    page = render_html(report, documents)
+    root = ET.fromstring(page.removeprefix("<!DOCTYPE html>"))
+    sections = [e for e in root.iter("section") if e.get("data-role") == "incident"]
+    assert len(sections) == len(report.incidents) == 1
+    items = [li.text or "" for li in sections[0].iter("li")]
+    assert items[1].startswith("Likely cause: recvfrom waited on TCP retransmissions")
+    cause = [p for p in sections[0].iter() if p.get("data-series") == "cause"]
+    assert len(cause) == 1
+    # One point per interval, and it rises where the retransmits start.
+    points = [float(xy.split(",")[1]) for xy in (cause[0].get("points") or "").split()]
+    assert len(points) == len(documents)
+    assert max(points[:25]) > min(points[35:])  # SVG y grows downwards
