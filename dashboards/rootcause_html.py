@@ -45,7 +45,7 @@ def render_root_cause(
     else:
         body.append(f"<h2>Symptom: {_e(jump.title())}</h2>")
         body.append(quantile_plot(jump))
-        body.append("<p>Its run-queue wait histogram per interval (colour: log of the count).</p>")
+        body.append("<p>That series' histogram per interval (colour: log of the count).</p>")
         body.append(heatmap(view_counts(documents, jump.series, report.selector), jump))
     body.append("<h2>Who displaced it</h2>")
     body.append("<p>Wait caused per aggressor cgroup, seconds per second (stacked).</p>")
@@ -62,8 +62,10 @@ def render_root_cause(
     if jump is None:
         body.append("<p>No jump.</p>")
     else:
+        incident = next((i for i in report.incidents if jump in i.jumps), None)
+        lines = [*(incident.sentences() if incident else []), *jump.sentences(report.config.top)]
         body.append("<ul>")
-        body.extend(f"<li>{_e(line)}</li>" for line in jump.sentences(report.config.top))
+        body.extend(f"<li>{_e(line)}</li>" for line in dict.fromkeys(lines))
         body.append("</ul>")
     title = f"tailsight root cause: {victim}"
     return (
@@ -104,9 +106,9 @@ def other_p99s(documents: Sequence[HistDocument], victim: str) -> dict[str, list
             labels = series.labels
             if labels.get("cgroup") != victim or labels.get("probe") == "runqueue":
                 continue
-            name = " ".join(
-                v for k, v in sorted(labels.items()) if k not in ("cgroup", "port") and v
-            )
+            # As the Grafana panels: per syscall, per TCP measure (states merged).
+            detail = labels.get("syscall") or labels.get("kind") or labels.get("what") or ""
+            name = f"{labels.get('probe', '')} {detail}".strip()
             held = merged.get(name)
             merged[name] = series.hist if held is None else held.merge(series.hist)
         for name, hist in merged.items():
