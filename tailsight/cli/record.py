@@ -126,8 +126,10 @@ def _disk_full(error: OSError) -> bool:
 def _reason(error: OSError) -> str:
     if _disk_full(error):
         return "disk full"
-    if isinstance(error, FileExistsError | NotADirectoryError):
+    if isinstance(error, FileExistsError):
         return "exists and is not a directory"
+    if isinstance(error, NotADirectoryError):
+        return "a parent of it is not a directory"
     return error.strerror or str(error)
 
 

@@ -216,7 +216,7 @@ def test_record_to_bad_targets_exits_2_before_attaching(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("mine")
     cases = {
         str(tmp_path / "file"): "exists and is not a directory",
-        str(tmp_path / "file" / "rec"): "exists and is not a directory",
+        str(tmp_path / "file" / "rec"): "a parent of it is not a directory",
     }
     with tmpfs(tmp_path / "ro", "ro,size=64k") as read_only:
         cases[str(read_only / "rec")] = "Read-only file system"
