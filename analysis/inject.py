@@ -156,9 +156,8 @@ def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> 
             if Recording(directory).documents():
                 return
         if recorder.poll() is not None:
-            raise RuntimeError(
-                f"record exited: {recorder.stderr.read() if recorder.stderr else ''}"
-            )
+            said = recorder.stderr.read().decode(errors="replace") if recorder.stderr else ""
+            raise RuntimeError(f"record exited: {said}")
         if time.monotonic() > deadline:
             raise RuntimeError("record wrote no interval in 60 s")
         time.sleep(0.1)

@@ -495,7 +495,7 @@ def detect_offline(
     # P99 sits inside the new distribution, where both sides exceed it rarely; the first third's
     # P99 is the old tail. Bonferroni over the distinct thresholds keeps the p-value valid.
     third = max(1, rows.shape[0] // 3)
-    edges = {}
+    edges: dict[int, TailThreshold] = {}
     for part in (rows, rows[:third], rows[-third:]):
         found = TailThreshold.from_counts(part.sum(axis=0), q)
         if found is not None:
