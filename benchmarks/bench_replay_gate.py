@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
     parser.add_argument("--placement", default="")
     parser.add_argument("--ratio", type=float, default=1.10, help="target in-system P99 ratio")
+    parser.add_argument("--delay-us", type=float, default=0.0, help="B's delay (default: sized)")
     parser.add_argument(
         "--lock", default="", help="flock this file per trial (e.g. /tmp/tailsight-heavy.lock)"
     )
@@ -132,7 +133,9 @@ def main() -> None:
         p99_us = float(np.nanmedian(in_system(pilot, 0.99))) / 1e3
         if not math.isfinite(p99_us):
             sys.exit("no in-system series in the pilot runs")
-        delay_us = (args.ratio - 1.0) * p99_us
+        # A busy-wait adds its length to every order only while the strategy keeps up; on an
+        # overloaded pipeline it queues and multiplies (the printed B/A ratio tells): --delay-us.
+        delay_us = args.delay_us or (args.ratio - 1.0) * p99_us
         print(
             f"replay gate calibration: {args.trials} trials x (A, B, A') x {args.runs} runs of "
             f"{args.duration:g} s, {messages:,} messages, path {args.path}"
