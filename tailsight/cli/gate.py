@@ -160,7 +160,7 @@ def gate(
         typer.Option(
             metavar="SELECTOR",
             help="label filter instead of the in-system tick-to-trade, e.g. stage=book "
-            "(repeatable; Holm-Bonferroni over all comparisons)"
+            "(repeatable; Holm-Bonferroni over all comparisons)",
         ),
     ] = None,
     quantiles: Annotated[str, typer.Option(help="comma-separated quantiles")] = "0.5,0.99",
