@@ -13,21 +13,14 @@ import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
 import pytest
+from dashboard_incident import AGGRESSOR, CHANGE_AT, INTERVAL_NS, START_NS, VICTIM, incident
 from typer.testing import CliRunner
 
-from tailsight.analysis.eval import LatencyModel
 from tailsight.cli.main import app
 from tailsight.collector.store import RecordingWriter
 from tailsight.dashboards.rootcause_html import render_root_cause
-from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
 
-INTERVAL_NS = 1_000_000_000
-START_NS = 1_790_000_000 * INTERVAL_NS
-INTERVALS, CHANGE_AT = 60, 30
-VICTIM, AGGRESSOR = "/trading", "/batch"
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -38,43 +31,6 @@ CHROMIUM_FLAGS = (
     "--no-first-run",
 )
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def _hist(model: LatencyModel, rng: np.random.Generator, events: int) -> Histogram:
-    counts = model.sample_counts(rng, events)
-    return Histogram(counts[:NUM_BUCKETS], overflow=int(counts[NUM_BUCKETS]))
-
-
-def incident() -> list[HistDocument]:
-    """/trading's run-queue tail rises at CHANGE_AT because /batch displaces it; its socket
-    syscalls and migrations carry on as before."""
-    rng = np.random.default_rng(7)
-    before = LatencyModel()
-    after = before.with_component(0.05, 400_000.0, 0.3)
-    syscalls = LatencyModel(components=((1.0, 12_000.0, 0.2),))
-    documents = []
-    for t in range(INTERVALS):
-        late = t >= CHANGE_AT
-        series = [
-            Series(
-                {"probe": "runqueue", "cgroup": VICTIM},
-                _hist(after if late else before, rng, int(rng.poisson(3000))),
-            ),
-            Series({"probe": "runqueue", "cgroup": AGGRESSOR}, _hist(before, rng, 2000)),
-            Series(
-                {"probe": "netsyscall", "cgroup": VICTIM, "syscall": "sendto"},
-                _hist(syscalls, rng, 500),
-            ),
-        ]
-        counters = [Counter("task_migrations", {"probe": "migration", "cgroup": VICTIM}, 40)]
-        for aggressor, mean_ns in {AGGRESSOR: 20e6 if late else 1e6, "/": 3e6}.items():
-            labels = {"probe": "runqueue", "victim": VICTIM, "aggressor": aggressor}
-            wait = int(rng.gamma(8.0, mean_ns / 8))
-            counters.append(Counter("runqueue_displaced_wait_ns", labels, wait))
-            counters.append(Counter("runqueue_displaced_switches", labels, 50))
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
 
 
 def test_page_shows_the_jump_the_aggressor_and_the_aligned_series() -> None:

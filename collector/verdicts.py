@@ -1,0 +1,215 @@
+"""Live tail-jump verdicts: the online jump detector (``analysis/jumps.py``) run over the agent's
+intervals, one detector per (series, quantile), with the cause attached while a jump is active:
+the aggressors' shares of the victim's extra displaced run-queue wait. Exported as
+``tailsight_tail_jump{…}`` (1 while active) with the quantile before/after and the aggressor
+shares, and posted to Grafana as one annotation per jump when a Grafana is configured."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
+from tailsight.hist import NUM_BUCKETS
+from tailsight.histfile import HistDocument
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
+# Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
+DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
+ANNOTATION_TAGS: Final = ("tailsight", "tail-jump")
+
+SeriesKey = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One jump the detector confirmed, and who caused it (run-queue victims only)."""
+
+    series: SeriesKey
+    jump: Jump
+    aggressor_shares: tuple[tuple[str, float], ...] = ()
+    alarm_interval: int = 0
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.series)
+
+    def text(self) -> str:
+        """One line for a Grafana annotation."""
+        labels = self.labels
+        what = " ".join(v for k, v in self.series if k not in ("probe", "cgroup"))
+        name = f"{labels.get('probe', '')} {what}".strip()
+        line = (
+            f"{name} of {labels.get('cgroup', '?')}: P{self.jump.quantile * 100:g} "
+            f"{self.jump.before_ns / 1e3:,.0f} µs -> {self.jump.after_ns / 1e3:,.0f} µs"
+        )
+        if self.aggressor_shares:
+            top, share = self.aggressor_shares[0]
+            line += f"; displaced by {top} ({share:.0%} of the extra wait)"
+        return line
+
+
+@dataclass
+class JumpVerdicts:
+    """Feed every interval document to ``update``; ``families`` gives the Prometheus metrics.
+
+    ``keep(cgroup)`` bounds the detectors (e.g. the exporter's labelled cgroups); a verdict stays
+    active for ``hold_intervals`` intervals after its alarm. ``annotate`` is called once per new
+    verdict (e.g. ``GrafanaAnnotator.post``) and must not raise.
+    """
+
+    config: JumpConfig = field(default_factory=JumpConfig)
+    quantiles: tuple[float, ...] = (0.99,)
+    hold_intervals: int = 30
+    keep: Callable[[str], bool] = lambda cgroup: True
+    annotate: Callable[[Verdict], None] | None = None
+    intervals: int = 0
+    _detectors: dict[tuple[SeriesKey, float], OnlineJumpDetector] = field(default_factory=dict)
+    _displaced: deque[dict[tuple[str, str], float]] = field(default_factory=deque)
+    _active: list[Verdict] = field(default_factory=list)
+
+    def update(self, document: HistDocument) -> list[Verdict]:
+        """Run every detector on this interval; the verdicts it newly confirmed."""
+        rows: dict[SeriesKey, np.ndarray] = {}
+        for series in document.series:
+            cgroup = series.labels.get("cgroup")
+            if cgroup is None or not self.keep(cgroup):
+                continue
+            key = _key(series.labels)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = np.zeros(NUM_BUCKETS + 1, dtype=np.int64)
+            row[:NUM_BUCKETS] += series.hist.counts
+            row[NUM_BUCKETS] += series.hist.overflow
+        displaced: dict[tuple[str, str], float] = {}
+        for counter in document.counters:
+            if counter.name == DISPLACED_WAIT:
+                pair = (counter.labels.get("victim", ""), counter.labels.get("aggressor", ""))
+                displaced[pair] = displaced.get(pair, 0.0) + counter.value
+        self._displaced.append(displaced)
+        while len(self._displaced) > 4 * self.config.reference_intervals:
+            self._displaced.popleft()
+        new: list[Verdict] = []
+        for key, row in rows.items():
+            for q in self.quantiles:
+                detector = self._detectors.get((key, q))
+                if detector is None:
+                    config = JumpConfig(**{**vars(self.config), "quantile": q})
+                    detector = self._detectors[(key, q)] = OnlineJumpDetector(config, key)
+                jump = detector.update(row, document.start_ns)
+                if jump is not None and jump.confirmed and jump.direction == "up":
+                    new.append(self._verdict(key, jump))
+        self.intervals += 1
+        self._active = [
+            v for v in self._active if self.intervals - v.alarm_interval < self.hold_intervals
+        ]
+        self._active.extend(new)
+        if self.annotate is not None:
+            for verdict in new:
+                self.annotate(verdict)
+        return new
+
+    def _verdict(self, key: SeriesKey, jump: Jump) -> Verdict:
+        """Aggressor shares of the victim's extra displaced wait, after the change vs before."""
+        victim = dict(key).get("cgroup", "")
+        history = list(self._displaced)
+        after_len = jump.alarm_index - jump.change_index + 1
+        after, before = history[-after_len:], history[:-after_len]
+        excess: dict[str, float] = {}
+        for aggressor in {a for interval in history for (v, a) in interval if v == victim}:
+            mean_after = _mean(i.get((victim, aggressor), 0.0) for i in after)
+            mean_before = _mean(i.get((victim, aggressor), 0.0) for i in before)
+            if mean_after - mean_before > 0:
+                excess[aggressor] = mean_after - mean_before
+        total = sum(excess.values())
+        shares = tuple(
+            sorted(((a, e / total) for a, e in excess.items()), key=lambda item: -item[1])
+        )
+        return Verdict(key, jump, shares if total > 0 else (), self.intervals + 1)
+
+    @property
+    def active(self) -> list[Verdict]:
+        return list(self._active)
+
+    def families(self) -> list[Metric]:
+        """``tailsight_tail_jump`` and its companions for the active verdicts."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        names = sorted({k for v in self._active for k, _ in v.series} | {"cgroup", "probe"})
+        labels = [*names, "q", "direction"]
+        active = GaugeMetricFamily(
+            "tailsight_tail_jump",
+            "1 while a confirmed tail jump of the series is active.",
+            labels=labels,
+        )
+        before = GaugeMetricFamily(
+            "tailsight_tail_jump_p99_before_seconds",
+            "The jump's tail quantile before the change.",
+            labels=labels,
+        )
+        after = GaugeMetricFamily(
+            "tailsight_tail_jump_p99_after_seconds",
+            "The jump's tail quantile after the change.",
+            labels=labels,
+        )
+        share = GaugeMetricFamily(
+            "tailsight_tail_jump_aggressor_share",
+            "Share of the victim's extra displaced wait each aggressor caused.",
+            labels=[*labels, "aggressor"],
+        )
+        for verdict in self._active:
+            values = [verdict.labels.get(n, "") for n in names]
+            values += [str(verdict.jump.quantile), verdict.jump.direction]
+            active.add_metric(values, 1.0)
+            before.add_metric(values, verdict.jump.before_ns / 1e9)
+            after.add_metric(values, verdict.jump.after_ns / 1e9)
+            for aggressor, fraction in verdict.aggressor_shares:
+                share.add_metric([*values, aggressor], fraction)
+        return [active, before, after, share]
+
+
+class GrafanaAnnotator:
+    """Posts one Grafana annotation per verdict (``POST /api/annotations``); failures are
+    reported to ``log``, never raised: the agent must keep running without Grafana."""
+
+    def __init__(self, url: str, token: str, log: Callable[[str], None]) -> None:
+        from tailsight.dashboards.push import connect
+
+        self.api = connect(url, token, timeout_s=5.0)
+        self.log = log
+        self.posted = 0
+
+    def post(self, verdict: Verdict) -> None:
+        from grafana_client.client import GrafanaException
+        from niquests.exceptions import RequestException
+
+        jump = verdict.jump
+        start_ns = jump.change_start_ns or 0
+        end_ns = jump.alarm_start_ns or start_ns
+        tags = [*ANNOTATION_TAGS, verdict.labels.get("probe", "")]
+        try:
+            self.api.annotations.add_annotation(  # type: ignore[no-untyped-call]
+                time_from=start_ns // 1_000_000,
+                time_to=end_ns // 1_000_000,
+                tags=[t for t in tags if t],
+                text=verdict.text(),
+            )
+            self.posted += 1
+        except (GrafanaException, RequestException) as error:
+            self.log(f"grafana annotation failed: {error}")
+
+
+def _key(labels: Mapping[str, str]) -> SeriesKey:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in DROPPED_LABELS))
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items) if items else 0.0

@@ -1,0 +1,94 @@
+"""Live jump verdicts on a synthetic incident with a known change interval and aggressor: the
+verdict comes within a few intervals of the change, names /batch, is exported while active and
+then expires; its Grafana annotation reaches the Grafana API double with the jump's times."""
+
+from __future__ import annotations
+
+from dashboard_incident import AGGRESSOR, INTERVAL_NS, START_NS, VICTIM, incident
+from grafana_double import grafana_double
+
+from tailsight.collector.verdicts import GrafanaAnnotator, JumpVerdicts, Verdict
+
+CHANGE = 45  # after the detector's 30 reference intervals
+HOLD = 10
+TOKEN = "glsa_verdicts"
+
+
+def _samples(verdicts: JumpVerdicts) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return {
+        family.name: [(dict(s.labels), s.value) for s in family.samples]
+        for family in verdicts.families()
+    }
+
+
+def test_verdict_names_the_aggressor_soon_after_the_change_then_expires() -> None:
+    verdicts = JumpVerdicts(hold_intervals=HOLD)
+    found: list[tuple[int, Verdict]] = []
+    exported_while_active = None
+    for t, document in enumerate(incident(change_at=CHANGE, intervals=CHANGE + 2 * HOLD)):
+        for verdict in verdicts.update(document):
+            found.append((t, verdict))
+            exported_while_active = _samples(verdicts)
+    runqueue = [(t, v) for t, v in found if v.labels == {"probe": "runqueue", "cgroup": VICTIM}]
+    assert len(runqueue) == 1, found
+    alarm_at, verdict = runqueue[0]
+    assert CHANGE <= alarm_at <= CHANGE + 3
+    # Dated by the CUSUM's last zero: at the change or the interval before it.
+    assert abs(verdict.jump.change_start_ns - (START_NS + CHANGE * INTERVAL_NS)) <= INTERVAL_NS
+    assert verdict.jump.after_ns > 1.5 * verdict.jump.before_ns
+    top, share = verdict.aggressor_shares[0]
+    assert top == AGGRESSOR and share > 0.8
+    assert exported_while_active is not None
+    (jump,) = [
+        s
+        for s in exported_while_active["tailsight_tail_jump"]
+        if s[0]["cgroup"] == VICTIM and s[0]["probe"] == "runqueue"
+    ]
+    assert jump[1] == 1.0 and jump[0]["q"] == "0.99" and jump[0]["direction"] == "up"
+    (before,) = [
+        v
+        for labels, v in exported_while_active["tailsight_tail_jump_p99_before_seconds"]
+        if labels["probe"] == "runqueue"
+    ]
+    assert before == verdict.jump.before_ns / 1e9  # seconds
+    shares = exported_while_active["tailsight_tail_jump_aggressor_share"]
+    assert any(labels["aggressor"] == AGGRESSOR for labels, _ in shares)
+    # HOLD intervals after the alarm the verdict is no longer active.
+    assert verdicts.active == []
+    assert _samples(verdicts)["tailsight_tail_jump"] == []
+
+
+def test_no_verdict_without_a_change() -> None:
+    verdicts = JumpVerdicts()
+    for document in incident(change_at=10_000, intervals=90):
+        assert verdicts.update(document) == []
+
+
+def test_each_new_verdict_becomes_one_grafana_annotation() -> None:
+    with grafana_double(TOKEN) as grafana:
+        logged: list[str] = []
+        annotator = GrafanaAnnotator(grafana.url, TOKEN, logged.append)
+        verdicts = JumpVerdicts(annotate=annotator.post)
+        for document in incident(change_at=CHANGE, intervals=CHANGE + 10):
+            verdicts.update(document)
+        assert logged == []
+        runqueue = [a for a in grafana.annotations if "runqueue" in a["tags"]]
+        assert len(runqueue) == 1, grafana.annotations
+        (note,) = runqueue
+        assert note["tags"][:2] == ["tailsight", "tail-jump"]
+        assert abs(note["time"] - (START_NS + CHANGE * INTERVAL_NS) // 1_000_000) <= 1000
+        assert note["timeEnd"] >= note["time"]
+        assert VICTIM in note["text"] and AGGRESSOR in note["text"]
+        calls = {(r.method, r.path) for r in grafana.requests}
+        assert calls == {("POST", "/api/annotations")}
+
+
+def test_an_unreachable_grafana_is_logged_not_raised() -> None:
+    with grafana_double(TOKEN) as grafana:
+        url = grafana.url
+    logged: list[str] = []
+    annotator = GrafanaAnnotator(url, TOKEN, logged.append)
+    verdicts = JumpVerdicts(annotate=annotator.post)
+    for document in incident(change_at=CHANGE, intervals=CHANGE + 5):
+        verdicts.update(document)
+    assert logged and all("grafana annotation failed" in line for line in logged)
