@@ -96,9 +96,6 @@ class HistDocument:
             )
         start_ns = _integer(top["start_ns"], "document: start_ns")
         end_ns = _integer(top["end_ns"], "document: end_ns")
-        for name, value in (("start_ns", start_ns), ("end_ns", end_ns)):
-            if value > _INT64_MAX:
-                raise HistFormatError(f"document: {name} does not fit in int64 ns")
         if end_ns < start_ns:
             raise HistFormatError(f"document: end_ns {end_ns} is before start_ns {start_ns}")
 

@@ -141,10 +141,8 @@ def _variant(runs: dict[str, Path], tmp_path: Path, name: str, edit: Callable[[s
     [
         (lambda _: "[" * 200_000 + "]" * 200_000, "nested too deeply"),
         (lambda t: re.sub(r'"start_ns": \d+', '"start_ns": ' + "9" * 5000, t), "digits"),
-        (lambda t: re.sub(r'"start_ns": \d+', '"start_ns": ' + "9" * 4000, t), "int64"),
-        (lambda t: re.sub(r'"end_ns": \d+', '"end_ns": ' + str(2**63), t), "int64"),
     ],
-    ids=["nested-arrays", "5000-digit-start", "4000-digit-start", "end-over-int64"],
+    ids=["nested-arrays", "5000-digit-start"],
 )
 def test_hostile_run_files_exit_2(
     runs: dict[str, Path], tmp_path: Path, edit: Callable[[str], str], message: str
