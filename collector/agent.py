@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import RecordingStatus
+from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
 
@@ -70,6 +71,7 @@ class Agent:
     last_tick_cpu_s: float = 0.0
     interval_errors: int = 0
     recording: RecordingStatus = field(default_factory=RecordingStatus)
+    verdicts: JumpVerdicts | None = None  # live jump verdicts (collector/verdicts.py)
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
@@ -110,6 +112,7 @@ class Agent:
             self.exporter.probes = self.statuses
             if self.config.record_dir is not None:
                 self.exporter.recording = self.recording
+            self.verdicts = live_verdicts(self.exporter, self.log)
 
     def tick(self) -> HistDocument:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""
@@ -139,6 +142,8 @@ class Agent:
         self.last_end_ns = document.end_ns
         if self.exporter is not None:
             self.exporter.update(document)
+        if self.verdicts is not None:
+            self.verdicts.update(document)
         if self.writer is not None:
             try:
                 self.writer.append(document)

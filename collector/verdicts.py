@@ -6,8 +6,9 @@ shares, and posted to Grafana as one annotation per jump when a Grafana is confi
 
 from __future__ import annotations
 
+import os
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -19,6 +20,8 @@ from tailsight.histfile import HistDocument
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
+
+    from tailsight.collector.exporter import PrometheusExporter
 
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
@@ -60,14 +63,16 @@ class Verdict:
 class JumpVerdicts:
     """Feed every interval document to ``update``; ``families`` gives the Prometheus metrics.
 
-    ``keep(cgroup)`` bounds the detectors (e.g. the exporter's labelled cgroups); a verdict stays
-    active for ``hold_intervals`` intervals after its alarm. ``annotate`` is called once per new
-    verdict (e.g. ``GrafanaAnnotator.post``) and must not raise.
+    ``keep(cgroup)`` and ``probes`` bound the detectors (each holds up to ``reference_intervals``
+    dense rows, 16 KiB each, until its reference is set): by default the run-queue series of the
+    cgroups the exporter labels. A verdict stays active for ``hold_intervals`` after its alarm.
+    ``annotate`` is called once per new verdict (e.g. ``GrafanaAnnotator.post``), must not raise.
     """
 
     config: JumpConfig = field(default_factory=JumpConfig)
     quantiles: tuple[float, ...] = (0.99,)
     hold_intervals: int = 30
+    probes: tuple[str, ...] = ("runqueue",)
     keep: Callable[[str], bool] = lambda cgroup: True
     annotate: Callable[[Verdict], None] | None = None
     intervals: int = 0
@@ -80,7 +85,9 @@ class JumpVerdicts:
         rows: dict[SeriesKey, np.ndarray] = {}
         for series in document.series:
             cgroup = series.labels.get("cgroup")
-            if cgroup is None or not self.keep(cgroup):
+            if series.labels.get("probe") not in self.probes or cgroup is None:
+                continue
+            if not self.keep(cgroup):
                 continue
             key = _key(series.labels)
             row = rows.get(key)
@@ -173,6 +180,28 @@ class JumpVerdicts:
             for aggressor, fraction in verdict.aggressor_shares:
                 share.add_metric([*values, aggressor], fraction)
         return [active, before, after, share]
+
+    # prometheus-client collector protocol, to register on a CollectorRegistry.
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families()
+
+
+def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> JumpVerdicts:
+    """The agent's verdicts: over the exporter's labelled cgroups, posting Grafana annotations
+    when ``TAILSIGHT_GRAFANA_URL`` and ``TAILSIGHT_GRAFANA_TOKEN`` are set."""
+    url = os.environ.get("TAILSIGHT_GRAFANA_URL", "")
+    token = os.environ.get("TAILSIGHT_GRAFANA_TOKEN", "")
+    annotate = None
+    if url and token:
+        try:
+            annotate = GrafanaAnnotator(url, token, log).post
+        except ValueError as error:
+            log(f"grafana annotations off: {error}")
+    kept = lambda cgroup: cgroup in exporter.kept_cgroups("runqueue")  # noqa: E731
+    return JumpVerdicts(keep=kept, annotate=annotate)
 
 
 class GrafanaAnnotator:

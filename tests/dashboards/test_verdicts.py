@@ -4,10 +4,12 @@ then expires; its Grafana annotation reaches the Grafana API double with the jum
 
 from __future__ import annotations
 
+import pytest
 from dashboard_incident import AGGRESSOR, INTERVAL_NS, START_NS, VICTIM, incident
 from grafana_double import grafana_double
 
-from tailsight.collector.verdicts import GrafanaAnnotator, JumpVerdicts, Verdict
+from tailsight.collector.exporter import PrometheusExporter
+from tailsight.collector.verdicts import GrafanaAnnotator, JumpVerdicts, Verdict, live_verdicts
 
 CHANGE = 45  # after the detector's 30 reference intervals
 HOLD = 10
@@ -92,3 +94,22 @@ def test_an_unreachable_grafana_is_logged_not_raised() -> None:
     for document in incident(change_at=CHANGE, intervals=CHANGE + 5):
         verdicts.update(document)
     assert logged and all("grafana annotation failed" in line for line in logged)
+
+
+def test_serve_posts_annotations_only_with_url_and_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter = PrometheusExporter()
+    monkeypatch.delenv("TAILSIGHT_GRAFANA_URL", raising=False)
+    monkeypatch.delenv("TAILSIGHT_GRAFANA_TOKEN", raising=False)
+    assert live_verdicts(exporter, print).annotate is None
+    with grafana_double(TOKEN) as grafana:
+        monkeypatch.setenv("TAILSIGHT_GRAFANA_URL", grafana.url)
+        monkeypatch.setenv("TAILSIGHT_GRAFANA_TOKEN", TOKEN)
+        verdicts = live_verdicts(exporter, print)
+        assert verdicts.annotate is not None
+        # Only cgroups the exporter labels get a detector (bounded memory).
+        for document in incident(change_at=CHANGE, intervals=5):
+            exporter.update(document)
+            verdicts.update(document)
+        assert {dict(key)["cgroup"] for key, _ in verdicts._detectors} == exporter.kept_cgroups(
+            "runqueue"
+        )
