@@ -6,8 +6,8 @@ Every candidate compares the same before/after windows as the symptom (per-inter
   (cross-CPU, cross-node), socket syscall errors by (syscall, errno). One-sided conditional
   binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
 - **neighbour calls**: socket syscalls per interval of cgroups *outside* the incident (from the
-  netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`): a neighbour
-  hammering the same socket path.
+  netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`) and now call
+  more often than the symptoms' cgroups themselves: a neighbour hammering the same socket path.
 - **run-queue displacement**: each aggressor's displaced wait of an incident cgroup
   (``runqueue_displaced_wait_ns``), one-sided Mann-Whitney test of after > before per interval.
   An aggressor equal to the victim is another task of the victim's own cgroup.
@@ -53,6 +53,8 @@ COUNTER_CAUSES: Final = {
 MIN_CALL_RATIO: Final = 2.0
 """A neighbour's calls must at least double: with thousands of calls per interval any small
 drift is significant, and only a burst explains someone else's latency."""
+MIN_NEIGHBOUR_CALLS: Final = 10.0
+"""Calls per interval below which no neighbour counts as hammering."""
 PEER_COUNTERS: Final = frozenset({RETRANSMITS, RETRANSMIT_FAILURES})
 """Counters tested in every cgroup: a connection's other end may sit in any of them."""
 MIN_RTO_NS: Final = 200e6  # TCP_RTO_MIN on Linux
@@ -193,6 +195,14 @@ def find_causes(
     series jumped (their call volume is the volume term of the decomposition, not a cause)."""
     n_before = windows.change - windows.before_start
     n_after = windows.after_stop - windows.change
+    # A neighbour "hammers" only when it calls more often than the symptoms' cgroups do
+    # themselves: a busy machine's other processes start a few calls at any moment.
+    own_calls = sum(
+        float(row[windows.after].mean())
+        for (name, key), row in table.rows.items()
+        if name == CALLS and dict(key).get("cgroup") in symptoms
+    )
+    calls_floor = max(own_calls, MIN_NEIGHBOUR_CALLS)
     candidates: list[Cause] = []
     for (name, key), row in table.rows.items():
         labels = dict(key)
@@ -231,6 +241,8 @@ def find_causes(
         ratio_floor = MIN_CALL_RATIO if name == CALLS else 1.0
         if events_after * n_before <= ratio_floor * events_before * n_after:
             continue  # not a rise: no candidate
+        if name == CALLS and events_after / n_after < calls_floor:
+            continue
         p_value = rate_increase_p_value(events_before, events_after, n_before, n_after)
         effect = math.log(((events_after + 0.5) / n_after) / ((events_before + 0.5) / n_before))
         candidates.append(

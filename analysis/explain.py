@@ -476,16 +476,16 @@ def explain_documents(
 
 
 def jump_cgroups(jump: JumpExplanation) -> set[str]:
-    """The cgroup of a series; of an all-cgroups aggregate, the cgroups holding most of its rise."""
+    """The cgroup of a series; of an all-cgroups aggregate, the one cgroup holding the largest
+    share of its rise (one only: an aggregate must not bridge two cgroups' incidents)."""
     own = jump.labels.get("cgroup")
     if own is not None:
         return {own}
-    found: set[str] = set()
-    for source in jump.decomposition.sources:
+    for source in jump.decomposition.sources:  # largest effect first
         cgroup = dict(source.source).get("cgroup")
-        if cgroup is not None and source.share.value >= 0.2:
-            found.add(cgroup)
-    return found
+        if cgroup is not None and source.effect > 0:
+            return {cgroup}
+    return set()
 
 
 def _explained_by(aggregate: JumpExplanation, cgroups: set[str]) -> bool:

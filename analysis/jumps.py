@@ -21,8 +21,7 @@ likelihood is a quasi-likelihood divided by a dispersion factor ``phi >= 1`` est
    intervals, after = change..alarm; the jump is *confirmed* by a distribution-level test (below);
 5. the detector re-baselines on the post-change intervals and carries on.
 
-**Offline** (:func:`detect_offline`, a whole range): threshold at the pooled q-quantile (and at
-those of the first and last third of the range, Bonferroni over the distinct ones),
+**Offline** (:func:`detect_offline`, a whole range): threshold at the pooled q-quantile,
 ``S_k = sum_{t<k} (x_t - n_t p)``; under no change ``max_k |S_k| / sqrt(phi p (1-p) N)`` tends to
 the supremum of a Brownian bridge (Kolmogorov distribution, ``scipy.stats.kstwobign``), which gives
 a p-value; ``phi`` comes from successive differences of the standardized counts (a single level
@@ -490,34 +489,20 @@ def detect_offline(
     )
     if rows.ndim != 2 or rows.shape[0] < 3:
         return nothing
-    # Thresholds: the pooled q-quantile, and that of the first and of the last third. When the
-    # whole distribution moves past the old tail (a hog: every wakeup now waits ms), the pooled
-    # P99 sits inside the new distribution, where both sides exceed it rarely; the first third's
-    # P99 is the old tail. Bonferroni over the distinct thresholds keeps the p-value valid.
-    third = max(1, rows.shape[0] // 3)
-    edges: dict[int, TailThreshold] = {}
-    for part in (rows, rows[:third], rows[-third:]):
-        found = TailThreshold.from_counts(part.sum(axis=0), q)
-        if found is not None:
-            edges.setdefault(found.edge_index, found)
+    threshold = TailThreshold.from_counts(rows.sum(axis=0), q)
+    if threshold is None:
+        return nothing
+    exceed = threshold.exceedances(rows).astype(np.float64)
     total = rows.sum(axis=1).astype(np.float64)
     events = float(total.sum())
-    best: tuple[float, int, TailThreshold, float, float] | None = None
-    for candidate in edges.values():
-        exceed = candidate.exceedances(rows).astype(np.float64)
-        if exceed.sum() < config.min_reference_exceedances or exceed.sum() >= events:
-            continue
-        rate = float(exceed.sum()) / events
-        phi = difference_dispersion(exceed, total, rate)
-        partial = np.cumsum(exceed - total * rate)[:-1]  # S_k for a split before interval k+1
-        k = int(np.argmax(np.abs(partial)))
-        scale = math.sqrt(phi * rate * (1.0 - rate) * events)
-        p = min(1.0, float(kstwobign.sf(abs(float(partial[k])) / scale)) * len(edges))
-        if best is None or p < best[0]:
-            best = (p, k, candidate, phi, float(partial[k]))
-    if best is None:
+    if exceed.sum() < config.min_reference_exceedances:
         return nothing
-    p_value, k, threshold, dispersion, drift = best
+    rate = float(exceed.sum()) / events
+    dispersion = difference_dispersion(exceed, total, rate)
+    partial = np.cumsum(exceed - total * rate)[:-1]  # S_k for a split before interval k+1
+    k = int(np.argmax(np.abs(partial)))
+    scale = math.sqrt(dispersion * rate * (1.0 - rate) * events)
+    p_value = float(kstwobign.sf(abs(float(partial[k])) / scale))
     change = k + 1
     before, after = rows[:change].sum(axis=0), rows[change:].sum(axis=0)
     before_ns, after_ns = quantile_of(before, q), quantile_of(after, q)
@@ -527,7 +512,7 @@ def detect_offline(
         quantile=q,
         p_value=p_value,
         change_index=change,
-        direction="up" if drift < 0 else "down",
+        direction="up" if partial[k] < 0 else "down",
         before_ns=before_ns,
         after_ns=after_ns,
         threshold_ns=threshold.upper_bound_ns,

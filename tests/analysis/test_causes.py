@@ -194,7 +194,7 @@ def test_syscall_errors_by_errno() -> None:
     assert "connect in /app failed with ECONNREFUSED" in " ".join(report.render_text().split())
 
 
-def _two_incidents() -> Report:
+def _two_incidents(second_at: int = 55) -> Report:
     rng = np.random.default_rng(4)
     calm = LatencyModel()
     slow = calm.with_component(0.05, 400_000.0, 0.3)
@@ -205,7 +205,8 @@ def _two_incidents() -> Report:
                 {"probe": "runqueue", "cgroup": "/a"}, _hist(slow if t >= 20 else calm, rng, 3000)
             ),
             Series(
-                {"probe": "runqueue", "cgroup": "/b"}, _hist(slow if t >= 55 else calm, rng, 3000)
+                {"probe": "runqueue", "cgroup": "/b"},
+                _hist(slow if t >= second_at else calm, rng, 3000),
             ),
         ]
         start = START_NS + t * INTERVAL_NS
@@ -219,6 +220,14 @@ def test_unrelated_jumps_are_separate_incidents() -> None:
     assert [h[0] for h in heads] == ["/a", "/b"], heads
     assert abs(heads[0][1] - 20) <= 1 and abs(heads[1][1] - 55) <= 1
     assert "No cause found" in report.render_text()
+
+
+def test_simultaneous_jumps_of_unrelated_cgroups_stay_apart() -> None:
+    """The all-cgroups aggregate rises with both; it must not bridge them into one incident."""
+    report = _two_incidents(second_at=20)
+    assert sorted(i.headline.labels["cgroup"] for i in report.incidents) == ["/a", "/b"]
+    folded = [j for i in report.incidents for j in i.folded]
+    assert [j.title() for j in folded] == ["run-queue wait of all cgroups"]
 
 
 def test_html_has_one_section_per_incident_with_the_cause_beside_the_symptom() -> None:
