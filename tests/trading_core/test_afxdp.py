@@ -88,7 +88,8 @@ def test_feed_port_goes_to_the_xsk_everything_else_to_the_stack(
         assert path.xdp_mode == XDP_MODE == "copy/skb"
         assert "xdpgeneric" in _xdp_attached(topo)  # the kernel says: generic (SKB) mode
         sent = [b"tick-%05d" % i + bytes(i % 251) for i in range(FEED_DATAGRAMS)]
-        received: list[bytes] = []
+        received: list[tuple[bytes, int]] = []
+        first_send_ns = time.perf_counter_ns()
         for index, payload in enumerate(sent):
             sender.sendto(payload, (topo.trading_ip, topo.feed_port))
             if index < OTHER_DATAGRAMS:
@@ -99,7 +100,13 @@ def test_feed_port_goes_to_the_xsk_everything_else_to_the_stack(
         while len(received) < len(sent) and time.monotonic() < deadline:
             received += path.receive()
             time.sleep(0.001)
-        assert received == sent  # every datagram, in order, byte for byte
+        drained_ns = time.perf_counter_ns()
+        assert [payload for payload, _ in received] == sent  # all, in order, byte for byte
+        # The XDP program's bpf_ktime_get_ns, read from each frame's metadata: the same clock
+        # as perf_counter_ns, so it lies between our first send and the drain, in order.
+        stamps = [stamp for _, stamp in received]
+        assert all(first_send_ns <= s <= drained_ns for s in stamps), stamps[:3]
+        assert stamps == sorted(stamps)
         other.settimeout(2)
         assert sorted(other.recv(100) for _ in range(OTHER_DATAGRAMS)) == sorted(
             b"other-%d" % i for i in range(OTHER_DATAGRAMS)
@@ -109,6 +116,7 @@ def test_feed_port_goes_to_the_xsk_everything_else_to_the_stack(
         assert after["xsk_frames"] - before["xsk_frames"] == FEED_DATAGRAMS
         assert after["xdp_passed_frames"] - before["xdp_passed_frames"] >= OTHER_DATAGRAMS
         assert after["xsk_rx_dropped"] == after["xsk_rx_ring_full"] == 0
+        assert after["rx_unstamped"] == 0
     finally:
         other.close()
 

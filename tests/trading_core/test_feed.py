@@ -51,16 +51,23 @@ def test_udp_path_drains_every_datagram_in_batches(topo: Topology) -> None:
         sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sent = [b"d%04d" % i + bytes(i % 97) for i in range(count)]
+        first_send_ns = time.perf_counter_ns()
         for payload in sent:
             sender.sendto(payload, (topo.trading_ip, topo.feed_port))
-        received: list[bytes] = []
+        received: list[tuple[bytes, int]] = []
         deadline = time.monotonic() + 5
         while len(received) < count and time.monotonic() < deadline:
             received += path.receive()
-        assert received == sent
+        drained_ns = time.perf_counter_ns()
+        assert [payload for payload, _ in received] == sent
+        # SO_TIMESTAMPNS, moved onto the monotonic clock: between our first send and the
+        # drain (100 µs of slack for reading two clocks one after the other).
+        stamps = [stamp for _, stamp in received]
+        assert all(first_send_ns - 100_000 <= s <= drained_ns for s in stamps), stamps[:3]
         counters = path.counters()
         assert counters["udp_datagrams"] == count
         assert counters["udp_recvmmsg_calls"] < count // 8  # batched, not one per datagram
+        assert counters["rx_unstamped"] == 0
     finally:
         path.close()
         sender.close()

@@ -332,3 +332,53 @@ def test_exchange_publishes_no_tick_before_the_schedule_replay_measures_from(
     # Paced, not sent at once: the last tick is due 15 ms after t0 (30 ms of file time / 2).
     assert actual[-1] - t0_ns >= 15_000_000
     assert exchange.sources == list(range(len(messages)))  # no client: all from the file
+
+
+def _replay_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tailsight replay`` in a child process: a hang fails the test instead of stalling it."""
+    script = "from tailsight.cli.main import app; app()"
+    return subprocess.run(
+        [sys.executable, "-c", script, "replay", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_replay_of_a_file_that_is_not_regular_exits_2_at_once(tmp_path: Path, kind: str) -> None:
+    """Regression: ``replay`` on a FIFO or /dev/zero hung reading it."""
+    if kind == "fifo":
+        target = tmp_path / "feed.fifo"
+        os.mkfifo(target)
+    elif kind == "dev-zero":
+        target = Path("/dev/zero")
+    else:
+        target = tmp_path
+    out = tmp_path / "runs"
+    result = _replay_command(str(target), "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert "not a regular file" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--act-share", "1.5", "--act-share"),
+        ("--inject-delay-us", "-1", "--inject-delay-us"),
+        ("--placement", "feed=0", "COMPONENT"),
+        ("--path", "tcp", "--path"),
+        ("--duration", "0", "--duration"),
+    ],
+)
+def test_replay_bad_options_exit_2_with_a_clear_message(
+    day: Path, tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    out = tmp_path / "runs"
+    result = _replay_command(str(day), option, value, "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
