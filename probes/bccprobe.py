@@ -151,10 +151,12 @@ class BccProbe:
             attach_raw_tracepoints,
             compile_probe,
             preferred_attach_modes,
+            require_bpf_privileges,
         )
 
         if self._bpf is not None:
             return
+        require_bpf_privileges()
         cflags = [*self.extra_cflags(), *self._outlier_cflags]
         if self._filter is not None:
             cflags.append(f"-D{self.name.upper()}_CGROUP_FILTER")

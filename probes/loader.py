@@ -44,6 +44,23 @@ class ProbeError(RuntimeError):
     """A probe could not be compiled, loaded or attached; the message says which and why."""
 
 
+class PrivilegeError(ProbeError):
+    """This process may not load eBPF programs: one message for every probe, said up front."""
+
+
+def require_bpf_privileges() -> None:
+    """Raise PrivilegeError, naming what is missing and the fix, unless this process has the
+    capabilities tracing needs (root has them all); checked before anything is compiled."""
+    from tailsight.probes.features import Host, check_capabilities
+
+    check = check_capabilities(Host())
+    if not check.ok:
+        raise PrivilegeError(
+            "loading eBPF probes needs root, or the capabilities CAP_BPF, CAP_PERFMON and "
+            f"CAP_SYS_ADMIN ({check.detail}): run as root (sudo) or grant them"
+        )
+
+
 class AttachError(ProbeError):
     """One or more raw tracepoints of a probe failed to attach (``failures``: tracepoint -> why)."""
 
@@ -218,9 +235,14 @@ def probe_source(name: str) -> Path:
 
 
 def compile_probe(name: str, cflags: Sequence[str] = ()) -> BPF:
-    """Compile ``probes/<name>.bpf.c`` with the self-checked BTF offset macros; attaches nothing."""
+    """Compile ``probes/<name>.bpf.c`` with the self-checked BTF offset macros; attaches nothing.
+
+    Raises PrivilegeError first if this process cannot load BPF at all (rather than bcc's
+    "Failed to compile BPF module ... Operation not permitted" for each probe).
+    """
     from tailsight.probes.offsets import verified_offset_cflags
 
+    require_bpf_privileges()
     return compile_source(probe_source(name), [*verified_offset_cflags(), *cflags])
 
 

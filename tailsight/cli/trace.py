@@ -270,6 +270,13 @@ def trace(
     if unknown:
         raise typer.BadParameter(f"unknown probe(s) {unknown}; known: {list(KNOWN_PROBES)}")
     errors = Console(stderr=True)
+    from tailsight.probes.loader import PrivilegeError, require_bpf_privileges
+
+    try:  # one message up front, not a compile failure per probe
+        require_bpf_privileges()
+    except PrivilegeError as error:
+        errors.print(f"tailsight trace: {error}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     session = open_session(probes, cgroup or [], lambda m: errors.print(m, markup=False))
     if not session.probes:
         errors.print("nothing attached: run `tailsight doctor` to see why", markup=False)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -272,3 +275,48 @@ def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None
     text = console.export_text()
     assert "socket syscall latency (netsyscall)" in text and "run-queue wait (runqueue)" in text
     assert "sendto" in text and "recvfrom" in text
+
+
+def _as_nobody(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become an unprivileged user")
+    drop = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
+    cwd.chmod(0o755)
+    return subprocess.run(
+        [*drop, *argv], capture_output=True, text=True, cwd=cwd, timeout=120, check=False
+    )
+
+
+def test_unprivileged_trace_says_root_or_capabilities_once(tmp_path: Path) -> None:
+    """Regression: as a plain user, trace printed bcc's "Failed to compile BPF module ...
+    Operation not permitted" once per probe and never said what was needed."""
+    tailsight = str(Path(sys.executable).with_name("tailsight"))
+    run = _as_nobody(tailsight, "trace", "--duration", "1", cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("needs root") == 1, run.stderr
+    assert "CAP_BPF" in run.stderr and "CAP_PERFMON" in run.stderr, run.stderr
+    assert "Failed to compile" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) -> None:
+    """What serve and record get from every probe: the same clear error, before bcc runs."""
+    code = (
+        "from tailsight.probes.catalog import PROBE_CLASSES, create_probe\n"
+        "from tailsight.probes.loader import PrivilegeError\n"
+        "for name in PROBE_CLASSES:\n"
+        "    try:\n"
+        "        create_probe(name).attach()\n"
+        "    except PrivilegeError as error:\n"
+        "        print(name, error)\n"
+    )
+    run = _as_nobody(sys.executable, "-c", code, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "runqueue",
+        "netsyscall",
+        "tcpstate",
+        "migration",
+    ]
+    assert all("needs root" in line and "CAP_BPF" in line for line in lines), lines
+    assert "Failed to compile" not in run.stderr
