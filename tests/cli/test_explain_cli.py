@@ -96,3 +96,22 @@ def test_html_is_written_atomically_over_an_old_report(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["jumps"]
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rec", "report.html"]  # no temp left
+
+
+def test_falls_flag_lists_tails_that_got_faster(tmp_path: Path) -> None:
+    from tests.analysis.test_explain import hog_documents
+
+    with RecordingWriter(tmp_path, fsync=False) as writer:
+        for document in hog_documents():
+            writer.append(document)
+    runner = CliRunner()
+    plain = runner.invoke(app, ["explain", str(tmp_path)])
+    assert plain.exit_code == 0, plain.output
+    words = " ".join(plain.stdout.split())
+    assert "/hog fell" not in words and "1 tail got faster (not shown; --falls)" in words
+    falls = runner.invoke(app, ["explain", str(tmp_path), "--falls", "--json"])
+    assert falls.exit_code == 0, falls.output
+    report = json.loads(falls.stdout)
+    directions = sorted(j["direction"] for j in report["jumps"])
+    assert directions == ["down", "up"] and report["falls_hidden"] == 0
+    assert [i["headline"]["cgroup"] for i in report["incidents"]] == ["/victim", "/hog"]
