@@ -113,6 +113,7 @@ def replay(
         Placement,
         ReplayConfig,
         ReplayResult,
+        ReplayRunError,
         ReplaySystem,
         inject_feed_loss,
         iter_runs,
@@ -170,7 +171,7 @@ def replay(
                     f"orders, {outcome.counters['acks'] + outcome.counters['order_rejects']} "
                     "answered)"
                 )
-                outcome = RuntimeError(reason)
+                outcome = ReplayRunError(reason)
             if isinstance(outcome, ReplayResult):
                 (out / f"{stem}.failed").unlink(missing_ok=True)
                 outcome.document.write(out / f"{stem}.json")
