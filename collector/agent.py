@@ -140,10 +140,19 @@ class Agent:
         if document.end_ns == document.start_ns:
             document.end_ns = max(time.time_ns(), document.start_ns)
         self.last_end_ns = document.end_ns
+        # Each consumer gets the interval even if one before it fails (a bug in the exporter
+        # must not cost the recording); the first failure is raised once all had their turn.
+        failed: Exception | None = None
+        consumers: list[Callable[[HistDocument], object]] = []
         if self.exporter is not None:
-            self.exporter.update(document)
+            consumers.append(self.exporter.update)
         if self.verdicts is not None:
-            self.verdicts.update(document)
+            consumers.append(self.verdicts.update)
+        for consume in consumers:
+            try:
+                consume(document)
+            except Exception as error:
+                failed = failed or error
         if self.writer is not None:
             try:
                 self.writer.append(document)
@@ -153,6 +162,8 @@ class Agent:
                 self.stop_recording(error)
         self.intervals += 1
         self.last_tick_cpu_s = time.process_time() - began_cpu
+        if failed is not None:
+            raise failed
         return document
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:

@@ -259,15 +259,20 @@ class FaultyExporter(PrometheusExporter):
 
 
 def test_one_bad_interval_is_counted_logged_and_skipped(
-    tree: tuple[CgroupResolver, dict[str, int]],
+    tree: tuple[CgroupResolver, dict[str, int]], tmp_path: Path
 ) -> None:
     resolver, ids = tree
     probe = FakeProbe("runqueue", script(ids, 100, seed=4))
-    config = CollectorConfig(probes=("runqueue",), interval_s=0.05)
+    config = CollectorConfig(probes=("runqueue",), interval_s=0.05, record_dir=tmp_path / "rec")
     exporter = FaultyExporter(config, fail_on=3)
     messages: list[str] = []
     agent = Agent(
-        config, resolver, exporter=exporter, log=messages.append, create_probe=lambda n: probe
+        config,
+        resolver,
+        exporter=exporter,
+        writer=RecordingWriter(tmp_path / "rec"),
+        log=messages.append,
+        create_probe=lambda n: probe,
     )
     agent.start()
     server = MetricsServer(exporter.exposition, "127.0.0.1", 0)
@@ -290,6 +295,10 @@ def test_one_bad_interval_is_counted_logged_and_skipped(
     assert exporter.intervals == exporter.calls - 1  # every other interval exported
     (line,) = [m for m in messages if "interval skipped" in m]
     assert "KeyError" in line and "netsyscall" in line
+    # The interval the exporter choked on is still recorded: the recording has no gap.
+    recorded = Recording(tmp_path / "rec").documents()
+    assert len(recorded) == exporter.calls
+    assert all(b.start_ns == a.end_ns for a, b in itertools.pairwise(recorded))
 
 
 @contextlib.contextmanager
