@@ -39,16 +39,16 @@ RATE_WINDOW = f"{4 * SCRAPE_S}s"  # Grafana's $__rate_interval floor: 4 x the sc
 QUANTILE_WINDOW = "5s"
 RUN_S = 14
 # Metrics this scenario cannot make non-empty: no loss on loopback (retransmits), one NUMA node
-# (cross-node, NUMA balancing), and the online jump detector is not wired into serve yet.
+# (cross-node, NUMA balancing), and the live verdicts are not in /metrics yet.
 NO_DATA_HERE = {
     m.TCP_RETRANSMITS: "no packet loss on loopback",
     m.TCP_RETRANSMIT_FAILURES: "no packet loss on loopback",
     m.MIGRATIONS_CROSS_NODE: "one NUMA node",
     m.NUMA_MOVES: "one NUMA node, no NUMA balancing",
-    m.TAIL_JUMP: "no jump verdicts exported by serve yet",
-    m.TAIL_JUMP_P99_BEFORE: "no jump verdicts exported by serve yet",
-    m.TAIL_JUMP_P99_AFTER: "no jump verdicts exported by serve yet",
-    m.TAIL_JUMP_AGGRESSOR_SHARE: "no jump verdicts exported by serve yet",
+    m.TAIL_JUMP: "verdicts are not in /metrics yet (docs/dashboards.md)",
+    m.TAIL_JUMP_P99_BEFORE: "verdicts are not in /metrics yet",
+    m.TAIL_JUMP_P99_AFTER: "verdicts are not in /metrics yet",
+    m.TAIL_JUMP_AGGRESSOR_SHARE: "verdicts are not in /metrics yet",
 }
 # Known stamps of the replay document: stamp column k is STAGE_NS[k] after the previous one
 # (column 0 after the exchange's send, itself at the tick's intended time).
