@@ -8,6 +8,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trading_netns import topo_fixture  # noqa: F401
 
 from tailsight.trading_core import ouch
@@ -210,3 +212,35 @@ def test_logout_and_end_of_session(topo: Topology) -> None:
     assert gateway.wait_for(lambda: gateway.disconnect_reason is not None, 3)
     assert gateway.disconnect_reason == "end of session"
     gateway.close()
+
+
+_ALPHA = st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ref=st.integers(0, 2**32 - 1),
+    side=st.sampled_from("BST"),
+    quantity=st.integers(0, 2**32 - 1),
+    symbol=st.text(_ALPHA, max_size=8),
+    price=st.integers(0, 2**64 - 1),
+    tif=st.sampled_from("03"),
+    cl_ord_id=st.text(_ALPHA, max_size=14),
+)
+def test_fast_enter_order_encoding_is_the_generic_encoding(
+    ref: int, side: str, quantity: int, symbol: str, price: int, tif: str, cl_ord_id: str
+) -> None:
+    """The order path's packer against the codec every other message uses."""
+    fields = (ref, side, quantity, symbol, price, tif, "Y", "P", "N", "N", cl_ord_id)
+    fast = soup.encode_unsequenced(ouch.encode_enter_order(*fields))
+    generic = soup.encode(soup.UnsequencedData(ouch.encode(ouch.EnterOrder(*fields))))
+    assert fast == generic
+
+
+def test_fast_enter_order_encoding_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError):
+        ouch.encode_enter_order(1, "B", 100, "TOOLONGSYM", 1, "0", "Y", "P", "N", "N", "X")
+    with pytest.raises(ValueError):
+        ouch.encode_enter_order(1, "BS", 100, "AAPL", 1, "0", "Y", "P", "N", "N", "X")
+    with pytest.raises(ValueError):
+        ouch.encode_enter_order(2**32, "B", 100, "AAPL", 1, "0", "Y", "P", "N", "N", "X")

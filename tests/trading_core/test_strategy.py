@@ -193,3 +193,48 @@ def _run_checked(script, signal_value):  # type: ignore[no-untyped-def]
 def test_position_plus_open_orders_stay_within_the_limit(script, signal_value) -> None:  # type: ignore[no-untyped-def]
     log = _run_checked(script, signal_value)
     assert _run_checked(script, signal_value) == log  # deterministic
+
+
+def test_act_share_sends_that_share_of_updates_as_non_crossing_iocs() -> None:
+    sink = FakeSink()
+    strategy = Strategy(sink, SYMBOLS, StrategyConfig(act_share=0.25))
+    top = TopOfBook(100_000, 300, 100_200, 300)
+    strategy.on_update(1, top, top_changed=True)  # quotes both sides once
+    quotes = len(sink.log)
+    for _ in range(99):
+        strategy.on_update(1, top, top_changed=False)
+        # The exchange answers each IOC at once: canceled, nothing filled, nothing left open.
+        last = sink.log[-1]
+        if last[0] == "enter" and last[6] == IOC:
+            strategy.on_response(canceled(last[1], last[5]))
+    acts = [entry for entry in sink.log[quotes:] if entry[0] == "enter"]
+    assert len(acts) == 25  # exactly 0.25 of 100 updates, evenly spread
+    assert {entry[6] for entry in acts} == {IOC}
+    assert [entry[3] for entry in acts[:4]] == ["B", "S", "B", "S"]
+    # Each joins its own side's touch, so it cannot cross.
+    assert all(e[4] == (100_000 if e[3] == "B" else 100_200) for e in acts)
+    assert strategy.position(1) == 0
+
+
+def test_act_share_orders_still_pass_the_risk_checks() -> None:
+    sink = FakeSink()
+    limits = RiskLimits(max_position_shares=300)
+    strategy = Strategy(sink, SYMBOLS, StrategyConfig(act_share=1.0), limits)
+    top = TopOfBook(100_000, 300, 100_200, 300)
+    for _ in range(20):  # never answered: open shares pile up against the position limit
+        strategy.on_update(1, top, top_changed=False)
+    buys = [e for e in sink.log if e[0] == "enter" and e[3] == "B"]
+    assert sum(e[5] for e in buys) <= 300
+    assert strategy.risk_rejects["max_position"] > 0
+
+
+def test_inject_delay_busy_waits_before_each_order() -> None:
+    import time
+
+    sink = FakeSink()
+    strategy = Strategy(sink, SYMBOLS, StrategyConfig(act_share=1.0, inject_delay_ns=2_000_000))
+    top = TopOfBook(100_000, 300, 100_200, 300)
+    started = time.perf_counter_ns()
+    strategy.on_update(1, top, top_changed=False)
+    assert len(sink.log) == 1
+    assert time.perf_counter_ns() - started >= 2_000_000
