@@ -694,11 +694,14 @@ class Recording:
         segments = list_segments(self.directory)
         first = last = None
         for path in segments:  # the first segment with a document gives the start
-            first = next(iter_segment(path, SegmentScan(path)), None)
+            with contextlib.suppress(FileNotFoundError):  # retention may remove it meanwhile
+                first = next(iter_segment(path, SegmentScan(path)), None)
             if first is not None:
                 break
         for path in reversed(segments):
-            tail = deque(iter_segment(path, SegmentScan(path)), maxlen=1)
+            tail: deque[HistDocument] = deque(maxlen=1)
+            with contextlib.suppress(FileNotFoundError):
+                tail.extend(iter_segment(path, SegmentScan(path)))
             if tail:
                 last = tail[0]
                 break
