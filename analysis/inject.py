@@ -150,7 +150,7 @@ def _recorder(directory: Path) -> subprocess.Popen[bytes]:
 def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> None:
     from tailsight.collector.store import Recording
 
-    deadline = time.monotonic() + 60.0
+    deadline = time.monotonic() + 300.0
     while True:
         with contextlib.suppress(FileNotFoundError):
             if Recording(directory).documents():
@@ -159,7 +159,7 @@ def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> 
             said = recorder.stderr.read().decode(errors="replace") if recorder.stderr else ""
             raise RuntimeError(f"record exited: {said}")
         if time.monotonic() > deadline:
-            raise RuntimeError("record wrote no interval in 60 s")
+            raise RuntimeError("record wrote no interval in 300 s (probes still compiling?)")
         time.sleep(0.1)
 
 
