@@ -158,7 +158,7 @@ class Agent:
                 self.writer.append(document)
             except OSError as error:
                 if self.exporter is None:  # the recording is all this agent makes (`record`)
-                    raise RecordingFailed(error.errno, str(error)) from error
+                    raise RecordingFailed(error.errno, error.strerror, error.filename) from error
                 self.stop_recording(error)
         self.intervals += 1
         self.last_tick_cpu_s = time.process_time() - began_cpu

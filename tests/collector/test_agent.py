@@ -4,6 +4,7 @@ kernel test: `tailsight serve --record` under SIGTERM detaches and flushes the l
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import signal
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 from tailsight.cli.serve import build_agent
-from tailsight.collector.agent import Agent, as_snapshot
+from tailsight.collector.agent import Agent, RecordingFailed, as_snapshot
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
@@ -462,3 +463,29 @@ def test_serve_record_on_full_disk_keeps_serving(kernel_ready: None, tmp_path: P
     assert 'tailsight_recording_up{reason="No space left on device"} 0.0' in body
     assert "disk full" in stderr and "cannot serve" not in stderr, stderr
     assert "warning: /metrics on 0.0.0.0" in stderr, stderr
+
+
+@pytest.mark.kernel
+def test_full_disk_ends_a_record_only_agent_with_enospc(
+    tree: tuple[CgroupResolver, dict[str, int]], tmp_path: Path
+) -> None:
+    """Without an exporter (`tailsight record`) the recording is the point: a failed write ends
+    the run with the errno kept (the CLI says "disk full"), instead of being survived."""
+    resolver, ids = tree
+    with full_tmpfs(tmp_path / "small") as mount:
+        probe = FakeProbe("runqueue", script(ids, 200, seed=6))
+        config = CollectorConfig(probes=("runqueue",), interval_s=0.01)
+        agent = Agent(
+            config,
+            resolver,
+            writer=RecordingWriter(mount / "rec"),
+            log=lambda m: None,
+            create_probe=lambda name: probe,
+        )
+        agent.start()
+        fill(mount)
+        with pytest.raises(RecordingFailed) as raised:
+            agent.run(threading.Event(), duration_s=10)
+        agent.close()
+    assert raised.value.errno == errno.ENOSPC
+    assert agent.interval_errors == 0
