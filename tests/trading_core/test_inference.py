@@ -32,6 +32,7 @@ from tailsight.trading_core.inference.runtime import (
 )
 from tailsight.trading_core.inference.stage import (
     STAGES,
+    BookSignalSource,
     BoundedSignalHook,
     InferenceConfig,
     InferenceStage,
@@ -212,6 +213,24 @@ def test_the_stage_runs_in_its_own_process_and_cgroup_and_times_every_request() 
             assert counts["results"] + counts["superseded"] == n + 6
             assert counts["superseded"] >= 1
             assert stage.hists["inference_prefill"].count == counts["results"]
+            # From a live book: on top changes only, at most once per interval per symbol.
+            book = Book()
+            book.symbols[9] = "ACME"
+            book.add(9, 1, "B", 1_874_000, 500)
+            book.add(9, 2, "S", 1_874_200, 100)
+            source = BookSignalSource(stage, book, min_interval_ns=1_000_000_000)
+            before = stage.counts["requests"]
+            t0 = time.perf_counter_ns()
+            sent = [
+                source.on_update(9, True, now_ns=t0),
+                source.on_update(9, True, now_ns=t0 + 1),  # too soon
+                source.on_update(9, False, now_ns=t0 + 2_000_000_000),  # top unchanged
+                source.on_update(9, True, now_ns=t0 + 1_000_000_000),
+            ]
+            assert sent == [True, False, False, True]
+            assert stage.counts["requests"] == before + 2
+            assert stage.wait(stage.counts["results"] + 1)
+            assert stage.last[9].features_ns in (t0, t0 + 1_000_000_000)
     finally:
         if cgroup is not None:
             from tailsight.trading_core.components import remove_cgroup_tree
@@ -229,7 +248,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llama_server() -> Iterator[str]:
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not HAS_LLAMA_CPP:
         pytest.skip("llama-cpp-python not installed")
     port = _free_port()
@@ -238,9 +257,9 @@ def llama_server() -> Iterator[str]:
         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_ctx", "1024",
         "--logits_all", "true", "--model_alias", "smollm2",
     ]  # fmt: skip
-    server = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
-    )
+    log = tmp_path_factory.mktemp("llama-server") / "stderr"
+    # To a file, not a pipe: the server logs enough to fill an unread pipe and block.
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 60
@@ -250,8 +269,7 @@ def llama_server() -> Iterator[str]:
                     break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    err = server.stderr.read().decode() if server.stderr else ""
-                    pytest.fail(f"llama_cpp.server did not start: {err[-2000:]}")
+                    pytest.fail(f"llama_cpp.server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
         yield url
     finally:
@@ -275,6 +293,8 @@ def test_remote_backend_against_a_real_llama_cpp_server(llama_server: str) -> No
     local.close()
     assert label == classify(expected.logits)[0]
     assert first.prompt_tokens == expected.prompt_tokens
+    # Same probabilities, up to label variants outside the server's top 20 (each < e^-4).
+    assert probs == pytest.approx(classify(expected.logits)[2], abs=0.02)
     remote.close()
 
 

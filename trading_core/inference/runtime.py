@@ -121,11 +121,36 @@ def _render_template(template: str | None, user: str, bos: str = "") -> str:
     )
 
 
-def _label_ids(tokenize: Any) -> tuple[int, int, int]:
-    """The first token of each label as the model would write it at the start of its answer."""
-    a, b, c = (int(tokenize(label)[0]) for label in LABELS)
-    if len({a, b, c}) != 3:
+def variants(label: str) -> tuple[str, str]:
+    """How a label may open the answer: ``buy`` or ``Buy`` (a small model prefers the latter)."""
+    return label, label.capitalize()
+
+
+def logsumexp(values: Sequence[float]) -> float:
+    top = max(values, default=-math.inf)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _label_ids(tokenize: Any) -> tuple[tuple[int, ...], ...]:
+    """Per label, the tokens that spell one of its variants whole; else the label's first token.
+
+    A variant that is several tokens (SmolLM2 spells ``Sell`` as ``S`` + ``ell``) is left out:
+    its first token says nothing about the label."""
+    ids = []
+    for label in LABELS:
+        whole = {int(t[0]) for t in map(tokenize, variants(label)) if len(t) == 1}
+        ids.append(tuple(sorted(whole)) or (int(tokenize(label)[0]),))
+    flat = [token for group in ids for token in group]
+    if len(set(flat)) != len(flat):
         raise InferenceError(f"the model's tokenizer gives two of the labels {LABELS} one token")
+    return tuple(ids)
+
+
+def _label_logits(logits: Any, ids: tuple[tuple[int, ...], ...]) -> tuple[float, float, float]:
+    """Each label's logit: log of the summed probability of its variant tokens."""
+    a, b, c = (logsumexp([float(logits[i]) for i in group]) for group in ids)
     return a, b, c
 
 
@@ -176,8 +201,7 @@ class LlamaCppRuntime:
         start = time.perf_counter_ns()
         logits = self._prefill(tokens)
         prefill_ns = time.perf_counter_ns() - start
-        a, b, c = (float(logits[i]) for i in self._labels)
-        return Scores((a, b, c), len(tokens), prefill_ns)
+        return Scores(_label_logits(logits, self._labels), len(tokens), prefill_ns)
 
     def decode(self, tokens: Sequence[int], n: int) -> tuple[int, int]:
         start = time.perf_counter_ns()
@@ -285,8 +309,7 @@ class TorchRuntime:
             start = time.perf_counter_ns()
             logits = self._forward(tokens).logits[0, -1]
             prefill_ns = time.perf_counter_ns() - start
-            a, b, c = (float(logits[i]) for i in self._labels)
-        return Scores((a, b, c), len(tokens), prefill_ns)
+            return Scores(_label_logits(logits, self._labels), len(tokens), prefill_ns)
 
     def decode(self, tokens: Sequence[int], n: int) -> tuple[int, int]:
         with self._torch.inference_mode():
@@ -387,13 +410,9 @@ class OpenAIRuntime:
             top = choice["logprobs"]["content"][0]["top_logprobs"]
         except (KeyError, IndexError, TypeError) as error:
             raise InferenceError(f"the server returned no logprobs: {reply!r:.200}") from error
-        best = dict.fromkeys(LABELS, -math.inf)
-        for entry in top:
-            token = str(entry["token"]).strip().lower()
-            if token in best:
-                best[token] = max(best[token], float(entry["logprob"]))
+        found = {str(entry["token"]): float(entry["logprob"]) for entry in top}
+        a, b, c = (logsumexp([found[v] for v in variants(x) if v in found]) for x in LABELS)
         usage = reply.get("usage") or {}
-        a, b, c = (best[label] for label in LABELS)
         return Scores((a, b, c), int(usage.get("prompt_tokens", 0)), elapsed)
 
     def decode(self, tokens: Sequence[int], n: int) -> tuple[int, int]:

@@ -36,7 +36,14 @@ from typing import Any, Final, NamedTuple
 
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, Series
-from tailsight.trading_core.inference.features import LABELS, BookFeatures, render
+from tailsight.trading_core.book import Book, TradeEvent
+from tailsight.trading_core.inference.features import (
+    LABELS,
+    BookFeatures,
+    RecentTrades,
+    features_from_book,
+    render,
+)
 from tailsight.trading_core.inference.runtime import (
     DEFAULT_MODEL,
     InferenceError,
@@ -47,6 +54,7 @@ from tailsight.trading_core.strategy import Signal, SignalHook
 
 __all__ = [
     "STAGES",
+    "BookSignalSource",
     "BoundedSignalHook",
     "InferenceConfig",
     "InferenceStage",
@@ -340,6 +348,43 @@ class InferenceStage:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class BookSignalSource:
+    """Feeds a stage from the live book: a symbol's features on a top-of-book change, at most
+    once per ``min_interval_ns`` per symbol (the model is slower than the feed: requests it
+    could not serve in time would only be superseded). Call ``on_update`` from the feed
+    callback; it copies a few levels and never waits."""
+
+    def __init__(
+        self,
+        stage: InferenceStage,
+        book: Book,
+        levels: int = 3,
+        trades: int = 5,
+        min_interval_ns: int = 100_000_000,
+    ) -> None:
+        self.stage = stage
+        self.book = book
+        self.levels = levels
+        self.trades = RecentTrades(trades)
+        self.min_interval_ns = min_interval_ns
+        self._last_ns: dict[int, int] = {}
+
+    def on_update(
+        self, locate: int, top_changed: bool, trade: TradeEvent | None = None, now_ns: int = 0
+    ) -> bool:
+        """True when a request went to the stage."""
+        if trade is not None:
+            self.trades.add(trade)
+        if not top_changed:
+            return False
+        now = now_ns or time.perf_counter_ns()
+        if now - self._last_ns.get(locate, -self.min_interval_ns) < self.min_interval_ns:
+            return False
+        self._last_ns[locate] = now
+        features = features_from_book(self.book, locate, self.trades, self.levels)
+        return self.stage.submit(locate, features, now)
 
 
 def _main(argv: list[str]) -> int:
