@@ -4,30 +4,34 @@
  * Measures: sys_enter to sys_exit of the same thread, blocking time included (a recvfrom that
  * waits 20 ms for a datagram is a 20 ms sample: that is the latency the application sees).
  *
- * Attach points (raw tracepoints; arguments per the btf_trace_<name> typedefs):
+ * Attach points (tp_btf where the kernel takes it, else raw tracepoints; same source):
  *   sys_enter(struct pt_regs *regs, long id)
  *   sys_exit(struct pt_regs *regs, long ret)
  * sys_exit has no syscall id argument: it is read from regs (pt_regs.orig_ax on x86_64,
- * .syscallno on aarch64; offset from BTF as PT_REGS_SYSCALL_NR_OFF), which costs one probe
- * read but lets a non-socket exit leave before any map access.
+ * .syscallno on aarch64; offset from BTF as PT_REGS_SYSCALL_NR_OFF) through kread.bpf.h -- a
+ * direct load on tp_btf, a probe read on raw tracepoints -- so a non-socket exit leaves before
+ * any map access.
  *
  * Attribution: both tracepoints run in the calling thread's process context, so `current` is
- * the caller and bpf_get_current_cgroup_id() is its cgroup (no task_struct reads needed).
- * Syscall numbers are -D values from tailsight/probes/syscalls.py (per `uname -m`).  Known
- * gap: 32-bit compat (ia32) syscalls have their own numbering and are not told apart, so a
- * 32-bit process's syscall whose number collides (ia32 45 = brk) would be counted.
+ * the caller; its cgroup is read by direct loads from bpf_get_current_task_btf() on tp_btf,
+ * bpf_get_current_cgroup_id() on raw tracepoints.  Syscall numbers are -D values from
+ * tailsight/probes/syscalls.py (per `uname -m`).  Known gap: 32-bit compat (ia32) syscalls have
+ * their own numbering and are not told apart, so a 32-bit process's syscall whose number
+ * collides (ia32 45 = brk) would be counted.
  *
  * Hot path: every syscall on the machine runs these programs.  A non-socket syscall costs a
- * compare chain on its id (enter) or one probe read plus the compare chain (exit), no map access.
+ * compare chain on its id (enter) or one load plus the compare chain (exit), no map access.  A
+ * call in flight is kept in a tid-indexed array slot tagged with the tid (no hash); a sample
+ * goes to a series slot ((cgroup, syscall) -> slot, a per-CPU cache in front of a hash) whose
+ * histogram row and totals are arrays.
  *
- * Overhead (benchmarks/bench_netsyscall_overhead.py, 5 s per load: kernel BPF stats on the
- * loaded 2-vCPU dev VM, each against an empty program on the same tracepoint in the same run;
- * the loops caused 97% / 84% of the events):
- *   getpid loop (not traced): sys_enter 47.6 vs 46.8 ns/event (+1 ns: the compare chain),
- *                             sys_exit  83.9 vs 46.7 ns/event (+37 ns: the orig_ax probe read)
- *   UDP sendto (traced):      sys_enter 165.6 vs 54.4 ns/event (+111 ns: start map, clock)
- *                             sys_exit  261.9 vs 55.0 ns/event (+207 ns: 3 lookups, 3 atomics)
- * So every syscall on the host pays ~38 ns; a traced socket call ~320 ns more in all.
+ * Overhead (benchmarks/bench_netsyscall_overhead.py: kernel BPF stats on the loaded 2-vCPU dev
+ * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf:
+ *   getpid loop (not traced): sys_enter 69.4 vs 66.6 ns (1.04x), sys_exit 72.5 vs 66.6 (1.09x)
+ *   UDP sendto (traced):      sys_enter 206 vs 68 ns (3.0x), sys_exit 220 vs 78 ns (2.8x):
+ *                             two clock reads (~65 ns each here) are most of it
+ * Before (raw tracepoints, LRU + hash maps, same bench): getpid sys_exit 124 vs 64 ns (1.94x),
+ * sendto sys_enter 281 vs 72 ns (3.9x), sys_exit 489 vs 80 ns (6.1x).
  *
  * Outliers: a call slower than max(OUTLIER_FLOOR_NS, its cgroup's threshold) is sent through
  * netsyscall_outlier_events with the caller's kernel and user stacks, taken at sys_exit where
@@ -47,38 +51,37 @@
  *   top outlier stacks: netsyscall /tailsight-test/echo recvfrom, 17 events,
  *     entry_SYSCALL_64_after_hwframe;do_syscall_64;syscall_exit_work | recvfrom
  *
- * Lost samples are counted (netsyscall_dropped_events): start map update failed, histogram
- * or error map full.
+ * Lost samples are counted (netsyscall_dropped_events): a thread slot taken over by another
+ * thread whose tid collides (tid % NETSYSCALL_MAX_THREADS) while the call was in flight, no
+ * series slot left, error map full.
  *
- * Tunables (-D): NETSYSCALL_MAX_THREADS, NETSYSCALL_MAX_CELLS, NETSYSCALL_MAX_SERIES,
- * NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER: record only cgroup ids in
+ * Tunables (-D): NETSYSCALL_MAX_THREADS (a power of two), NETSYSCALL_MAX_SERIES (set by
+ * netsyscall.py), NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER: record only cgroup ids in
  * netsyscall_cgroup_allow (checked at sys_enter).
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
+#include "task.bpf.h"
 
 #if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(NR_SENDTO) || !defined(NR_RECVFROM) ||       \
     !defined(NR_SENDMSG) || !defined(NR_RECVMSG) || !defined(NR_RECVMMSG) ||                   \
-    !defined(NR_SENDMMSG)
-#error "compile through tailsight.probes.netsyscall (syscall numbers and pt_regs offset)"
+    !defined(NR_SENDMMSG) || !defined(NETSYSCALL_MAX_SERIES)
+#error "compile through tailsight.probes.netsyscall (syscall numbers, pt_regs offset, series)"
 #endif
 
 #ifndef NETSYSCALL_MAX_THREADS
-#define NETSYSCALL_MAX_THREADS 16384
-#endif
-#ifndef NETSYSCALL_MAX_CELLS
-#define NETSYSCALL_MAX_CELLS 65536
-#endif
-#ifndef NETSYSCALL_MAX_SERIES
-#define NETSYSCALL_MAX_SERIES 8192
+#define NETSYSCALL_MAX_THREADS 65536
 #endif
 #ifndef NETSYSCALL_MAX_ERRORS
 #define NETSYSCALL_MAX_ERRORS 4096
 #endif
+#define SERIES_CACHE 4 /* per-CPU (cgroup, syscall) -> slot entries, a power of two */
+#define SLOT_CLAIM_TRIES 4
+#define HIST_ROW (HIST_NUM_BUCKETS + 1) /* finite buckets, then overflow */
 
 /* Drop reasons (index into netsyscall_dropped_events). */
-#define DROP_START_UPDATE 0
-#define DROP_HIST_FULL 1
+#define DROP_THREAD_COLLISION 0
+#define DROP_SERIES_FULL 1
 #define DROP_ERROR_FULL 2
 #define DROP_REASONS 3
 
@@ -86,15 +89,10 @@
     ((nr) == NR_SENDTO || (nr) == NR_RECVFROM || (nr) == NR_SENDMSG || (nr) == NR_RECVMSG ||    \
      (nr) == NR_RECVMMSG || (nr) == NR_SENDMMSG)
 
+/* The call in flight of the thread whose tid % NETSYSCALL_MAX_THREADS is the index. */
 struct netsyscall_start {
     u64 start_ns; /* 0: no call in flight */
-    u32 nr;
-    u32 pad;
-};
-
-struct netsyscall_hist_key {
-    u64 cgroup_id;
-    u32 bucket;
+    u32 tid;
     u32 nr;
 };
 
@@ -104,18 +102,33 @@ struct netsyscall_series_key {
     u32 pad; /* keys are hashed bytewise: keep the padding explicit and zero */
 };
 
+struct netsyscall_series_cached {
+    struct netsyscall_series_key key;
+    u32 slot;
+    u32 pad;
+};
+
+struct netsyscall_cpu {
+    struct netsyscall_series_cached cache[SERIES_CACHE];
+};
+
 struct netsyscall_error_key {
     u64 cgroup_id;
     u32 nr;
     u32 errno_value;
 };
 
-/* pid_tgid -> call in flight.  Cleared in place rather than deleted (a matching syscall costs
- * a lookup and a store, not an LRU allocate/free); LRU evicts the entries of dead threads. */
-BPF_TABLE("lru_hash", u64, struct netsyscall_start, netsyscall_start_ns, NETSYSCALL_MAX_THREADS);
-BPF_HASH(netsyscall_latency_hist, struct netsyscall_hist_key, u64, NETSYSCALL_MAX_CELLS);
-BPF_HASH(netsyscall_latency_totals, struct netsyscall_series_key, struct hist_totals,
-         NETSYSCALL_MAX_SERIES);
+BPF_ARRAY(netsyscall_start_ns, struct netsyscall_start, NETSYSCALL_MAX_THREADS);
+/* (cgroup, syscall) -> series slot, and the claim of each slot (never given back). */
+BPF_HASH(netsyscall_slots, struct netsyscall_series_key, u32, NETSYSCALL_MAX_SERIES);
+BPF_HASH(netsyscall_slot_owner, u32, struct netsyscall_series_key, NETSYSCALL_MAX_SERIES);
+BPF_ARRAY(netsyscall_slot_hint, u32, 1);
+BPF_PERCPU_ARRAY(netsyscall_cpu_state, struct netsyscall_cpu, 1);
+/* Row per series slot: bucket counts; totals per slot (atomic adds; user space maps both). */
+BPF_F_TABLE("array", u32, u64, netsyscall_latency_hist, NETSYSCALL_MAX_SERIES * HIST_ROW,
+            BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct hist_totals, netsyscall_latency_totals, NETSYSCALL_MAX_SERIES,
+            BPF_F_MMAPABLE);
 BPF_HASH(netsyscall_errors, struct netsyscall_error_key, u64, NETSYSCALL_MAX_ERRORS);
 BPF_PERCPU_ARRAY(netsyscall_dropped_events, u64, DROP_REASONS);
 BPF_RINGBUF_OUTPUT(netsyscall_outlier_events, OUTLIER_RINGBUF_PAGES);
@@ -143,6 +156,18 @@ static __always_inline void count_outlier_drop(u32 reason)
         (*dropped)++;
 }
 
+/* The caller (current): on tp_btf a BTF task read by direct loads (~2 ns for its cgroup), on raw
+ * tracepoints the helpers.  One task pointer per program run: helper calls are not merged. */
+#ifdef TAILSIGHT_TP_BTF
+#define CURRENT_TASK() ((const void *)bpf_get_current_task_btf())
+#define TASK_TID(task) task_pid(task)
+#define TASK_CGROUP_ID(task) task_cgroup_id(task)
+#else
+#define CURRENT_TASK() ((const void *)0)
+#define TASK_TID(task) ((u32)bpf_get_current_pid_tgid())
+#define TASK_CGROUP_ID(task) bpf_get_current_cgroup_id()
+#endif
+
 /* Sends an outlier with the stacks of current, the caller still in its syscall. */
 static __always_inline void send_outlier(void *ctx, u64 cgroup_id, u64 duration_ns, u32 nr)
 {
@@ -169,77 +194,138 @@ static __always_inline void send_outlier(void *ctx, u64 cgroup_id, u64 duration_
         count_outlier_drop(OUTLIER_DROP_RINGBUF_FULL);
 }
 
+/* A free series slot for a (cgroup, syscall) seen for the first time (-1: none left); see
+ * runqueue.bpf.c's claim_slot for why a no-exist insert stands in for fetch-and-add. */
+static __always_inline s32 claim_slot(struct netsyscall_series_key *key)
+{
+    u32 zero = 0;
+    u32 *hint = netsyscall_slot_hint.lookup(&zero);
+    u32 *winner;
+    u32 slot;
+
+    if (!hint)
+        return -1;
+    slot = *hint;
+    for (int try = 0; try < SLOT_CLAIM_TRIES; try++) {
+        if (slot >= NETSYSCALL_MAX_SERIES)
+            return -1;
+        if (netsyscall_slot_owner.insert(&slot, key) == 0) {
+            *hint = slot + 1;
+            if (netsyscall_slots.insert(key, &slot) == 0)
+                return slot;
+            winner = netsyscall_slots.lookup(key);
+            return winner ? (s32)*winner : -1;
+        }
+        slot++;
+    }
+    return -1;
+}
+
+static __always_inline s32 series_slot(u64 cgroup_id, u32 nr)
+{
+    u32 zero = 0;
+    struct netsyscall_cpu *cpu = netsyscall_cpu_state.lookup(&zero);
+    struct netsyscall_series_cached *cached;
+    struct netsyscall_series_key key = {};
+    u32 *known;
+    s32 slot;
+
+    if (!cpu)
+        return -1;
+    cached = &cpu->cache[(cgroup_id ^ nr) & (SERIES_CACHE - 1)];
+    if (cached->key.cgroup_id == cgroup_id && cached->key.nr == nr && cgroup_id)
+        return cached->slot;
+    key.cgroup_id = cgroup_id;
+    key.nr = nr;
+    known = netsyscall_slots.lookup(&key);
+    slot = known ? (s32)*known : claim_slot(&key);
+    if (slot < 0)
+        return -1;
+    cached->key = key;
+    cached->slot = (u32)slot;
+    return slot;
+}
+
 int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
     long nr = (long)ctx->args[1];
-    struct netsyscall_start fresh = {};
+    const void *task;
+    u32 tid;
+    u32 index;
     struct netsyscall_start *in_flight;
-    u64 pid_tgid;
 
     if (!IS_NET_SYSCALL(nr))
         return 0;
+    task = CURRENT_TASK();
 #ifdef NETSYSCALL_CGROUP_FILTER
     {
-        u64 cgroup_id = bpf_get_current_cgroup_id();
+        u64 cgroup_id = TASK_CGROUP_ID(task);
 
         if (!netsyscall_cgroup_allow.lookup(&cgroup_id))
             return 0;
     }
 #endif
-    pid_tgid = bpf_get_current_pid_tgid();
-    fresh.start_ns = bpf_ktime_get_ns();
-    fresh.nr = (u32)nr;
-    in_flight = netsyscall_start_ns.lookup(&pid_tgid);
-    if (in_flight) {
-        in_flight->start_ns = fresh.start_ns;
-        in_flight->nr = fresh.nr;
-    } else if (netsyscall_start_ns.update(&pid_tgid, &fresh)) {
-        count_drop(DROP_START_UPDATE);
-    }
+    tid = TASK_TID(task);
+    index = tid & (NETSYSCALL_MAX_THREADS - 1);
+    in_flight = netsyscall_start_ns.lookup(&index);
+    if (!in_flight)
+        return 0;
+    /* A colliding tid's call still in flight is overwritten: counted when that one exits. */
+    in_flight->tid = tid;
+    in_flight->nr = (u32)nr;
+    in_flight->start_ns = bpf_ktime_get_ns();
     return 0;
 }
 
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
-    u32 nr = 0;
+    /* The low 32 bits of orig_ax (-1 outside a syscall: never a socket syscall number). */
+    u32 nr = kread_u32((const void *)ctx->args[0], PT_REGS_SYSCALL_NR_OFF);
     long ret = (long)ctx->args[1];
-    u64 pid_tgid;
-    u64 now_ns;
+    const void *task;
+    u32 tid;
+    u64 start_ns;
     u64 duration_ns;
     u64 cgroup_id;
     u64 zero = 0;
     u64 *bucket_count;
     u64 *errors;
+    u32 index;
+    u32 cell;
+    u32 row;
+    s32 slot;
     struct netsyscall_start *in_flight;
-    struct netsyscall_hist_key cell = {};
-    struct netsyscall_series_key series = {};
     struct netsyscall_error_key error = {};
-    struct hist_totals no_totals = {};
     struct hist_totals *totals;
 
-    /* The low 32 bits of orig_ax (-1 outside a syscall: never a socket syscall number). */
-    bpf_probe_read_kernel(&nr, sizeof(nr), (const char *)ctx->args[0] + PT_REGS_SYSCALL_NR_OFF);
     if (!IS_NET_SYSCALL(nr))
         return 0;
-    pid_tgid = bpf_get_current_pid_tgid();
-    in_flight = netsyscall_start_ns.lookup(&pid_tgid);
+    task = CURRENT_TASK();
+    tid = TASK_TID(task);
+    index = tid & (NETSYSCALL_MAX_THREADS - 1);
+    in_flight = netsyscall_start_ns.lookup(&index);
     if (!in_flight || in_flight->start_ns == 0)
         return 0; /* entered before we attached, or filtered out at sys_enter */
-    now_ns = bpf_ktime_get_ns();
-    duration_ns = now_ns > in_flight->start_ns ? now_ns - in_flight->start_ns : 0;
+    if (in_flight->tid != tid) {
+        count_drop(DROP_THREAD_COLLISION); /* our start was overwritten by a colliding tid */
+        return 0;
+    }
+    start_ns = in_flight->start_ns;
     nr = in_flight->nr; /* as seen at entry, where the id is an argument */
     in_flight->start_ns = 0;
+    duration_ns = bpf_ktime_get_ns() - start_ns;
 
-    cgroup_id = bpf_get_current_cgroup_id();
-    cell.cgroup_id = cgroup_id;
-    cell.bucket = hist_bucket_index(duration_ns);
-    cell.nr = nr;
-    series.cgroup_id = cgroup_id;
-    series.nr = nr;
-    bucket_count = netsyscall_latency_hist.lookup_or_try_init(&cell, &zero);
-    totals = netsyscall_latency_totals.lookup_or_try_init(&series, &no_totals);
-    if (hist_add_sample(bucket_count, totals, duration_ns))
-        count_drop(DROP_HIST_FULL);
+    cgroup_id = TASK_CGROUP_ID(task);
+    slot = series_slot(cgroup_id, nr);
+    if (slot < 0) {
+        count_drop(DROP_SERIES_FULL);
+        return 0;
+    }
+    row = (u32)slot;
+    cell = row * HIST_ROW + hist_bucket_index(duration_ns);
+    bucket_count = netsyscall_latency_hist.lookup(&cell);
+    totals = netsyscall_latency_totals.lookup(&row);
+    hist_add_sample(bucket_count, totals, duration_ns); /* both exist: slot is in range */
     if (ret < 0) {
         error.cgroup_id = cgroup_id;
         error.nr = nr;

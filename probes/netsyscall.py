@@ -8,16 +8,22 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
-from tailsight.hist import Histogram
+import numpy as np
+
+from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, read_histograms
+from tailsight.probes.bccprobe import BccProbe, slot_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
 
 PROBE_NAME: Final = "netsyscall"
 # Index i of the kernel's netsyscall_dropped_events array (DROP_* in netsyscall.bpf.c).
-DROP_REASONS: Final = ("start_update", "hist_full", "error_full")
+DROP_REASONS: Final = ("thread_collision", "series_full", "error_full")
+MAX_SERIES: Final = 512
+"""(cgroup, syscall) series the probe can tell apart: 8.4 MiB of histogram rows shared by all
+CPUs (-DNETSYSCALL_MAX_SERIES)."""
+HIST_ROW: Final = NUM_BUCKETS + 1
 ERRORS: Final = "netsyscall_errors"
 DROPPED: Final = "netsyscall_dropped_events"
 
@@ -59,7 +65,7 @@ class NetSyscallProbe(BccProbe):
             raise OffsetCheckError(f"pt_regs.{field} is not 4-byte aligned")
         flags = [f"-D{macro}={value}" for macro, value in offsets.items()]
         flags += [f"-DNR_{name.upper()}={number}" for name, number in self.numbers.items()]
-        return flags
+        return [*flags, f"-DNETSYSCALL_MAX_SERIES={MAX_SERIES}"]
 
     def outlier_detail(self) -> tuple[str, Callable[[int], str]]:
         """Outlier events carry the syscall: at sys_exit the kernel stack no longer shows it."""
@@ -72,12 +78,22 @@ class NetSyscallProbe(BccProbe):
         """Cumulative latency per (cgroup, syscall), errors per errno, drops, outlier stacks."""
         bpf = self._require_bpf()
         taken_ns = time.time_ns()
-        latency = read_histograms(
-            bpf[b"netsyscall_latency_hist"],
-            bpf[b"netsyscall_latency_totals"],
-            lambda cell: (int(cell.cgroup_id), int(cell.nr)),
-            lambda series: (int(series.cgroup_id), int(series.nr)),
-        )
+        series_of = {
+            int(slot.value): (int(key.cgroup_id), int(key.nr))
+            for key, slot in bpf[b"netsyscall_slots"].items()
+        }
+        slots = sorted(series_of)
+        hist_rows = self.mapped_array("netsyscall_latency_hist", np.uint64, (MAX_SERIES, HIST_ROW))
+        totals = self.mapped_array("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2))
+        # Totals first: a sample lands in its bucket before the totals, so a racing read never
+        # has a sum larger than the buckets explain.
+        sums = totals[slots, 1].copy()
+        rows = hist_rows[slots].copy()
+        latency = {
+            series_of[slot]: hist
+            for slot, hist in zip(slots, slot_histograms(rows, sums.tolist()), strict=True)
+            if hist.count
+        }
         counters: dict[tuple[str, Labels], int] = {}
         for error, count in bpf[b"netsyscall_errors"].items():
             key = labels(
