@@ -43,7 +43,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.histfile import HistDocument
+from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.trading_core import itch, ouch
 from tailsight.trading_core.book import Book, TopOfBook, TradeEvent
 from tailsight.trading_core.components import join_cgroup, remove_cgroup_tree
@@ -126,6 +126,7 @@ class ReplayConfig:
     drain_timeout_s: float = 10.0
     act_share: float = 0.0  # the strategy also acts on this share of all book updates
     inject_delay_us: float = 0.0  # calibration only: busy-wait before each order's send
+    inference_model: str | None = None  # a signal stage's model (docs/inference.md); None: off
 
 
 @dataclass(frozen=True)
@@ -390,10 +391,13 @@ class _TimedSink:
 class _Driver:
     """Feed callback: after each book update, the strategy sees the symbol's top of book."""
 
-    def __init__(self, book: Book, strategy: Strategy, sink: _TimedSink) -> None:
+    def __init__(
+        self, book: Book, strategy: Strategy, sink: _TimedSink, source: Any = None
+    ) -> None:
         self.book = book
         self.strategy = strategy
         self.sink = sink
+        self.source = source  # an inference stage's BookSignalSource, or None
         self.last_top: dict[int, TopOfBook] = {}
 
     def on_message(self, sequence: int, message: itch.Message, trade: TradeEvent | None) -> None:
@@ -405,6 +409,8 @@ class _Driver:
         self.last_top[locate] = top
         self.sink.row = sequence - 1
         self.strategy.on_update(locate, top, changed)
+        if self.source is not None:  # after the decision: the order is not kept waiting
+            self.source.on_update(locate, changed, trade)
 
 
 class _TradingSide:
@@ -436,12 +442,22 @@ class _TradingSide:
         timer = StageTimer(capacity)
         book = Book()
         sink = _TimedSink(timer)
+        stage = source = None
+        if cfg.inference_model is not None:
+            from tailsight.trading_core.inference import stage as inference
+
+            stage = inference.InferenceStage(
+                inference.InferenceConfig(model=cfg.inference_model),
+                cgroup=inference.sibling_cgroup("inference"),
+            ).start()
+            source = inference.BookSignalSource(stage, book)
         strategy = Strategy(
             sink,
             book.symbols,
             StrategyConfig(
                 act_share=cfg.act_share, inject_delay_ns=round(cfg.inject_delay_us * 1000)
             ),
+            signal=stage.hook if stage is not None else None,
         )
         sink.strategy = strategy
         feed = FeedHandler(
@@ -458,7 +474,7 @@ class _TradingSide:
         try:
             gateway.connect()
             feed.add_reader(gateway.fileno(), gateway.on_readable)
-            feed.on_message = _Driver(book, strategy, sink).on_message
+            feed.on_message = _Driver(book, strategy, sink, source).on_message
             connection.send(("ready",))
             command = connection.recv()
             if command[0] != "go":
@@ -490,10 +506,13 @@ class _TradingSide:
                 "trading_cpu_ns": cpu_ns,
                 **{f"risk_reject_{k}": v for k, v in strategy.risk_rejects.items()},
             }
+            extra = (stage.series({}), stage.counters({})) if stage is not None else ([], [])
             connection.send(
-                ("done", timer.stamps, counters, view, book, complete, feed.path.xdp_mode)
+                ("done", timer.stamps, counters, view, book, complete, feed.path.xdp_mode, extra)
             )
         finally:
+            if stage is not None:
+                stage.close()
             gateway.close()
             feed.close()
 
@@ -652,12 +671,12 @@ class ReplaySystem:
             self._stop_exchange()
             raise
         exchange_reply = self._stop_exchange()
-        _, stamps, counters, view, book, complete, xdp_mode = reply
+        _, stamps, counters, view, book, complete, xdp_mode, inference = reply
         _, exchange_counters, sent_ns, sources, exchange_view, published = exchange_reply
         return self._result(
             cfg, stamps, sent_ns, sources, offsets + t0_ns, start_wall_ns, end_wall_ns,
             {**counters, **exchange_counters}, view, exchange_view, book, complete, xdp_mode,
-            published,
+            published, inference,
         )  # fmt: skip
 
     def _stop_exchange(self) -> tuple[Any, ...]:
@@ -689,6 +708,7 @@ class ReplaySystem:
         complete: bool,
         xdp_mode: str,
         published: list[bytes],
+        inference: tuple[list[Series], list[Counter]] = ([], []),
     ) -> ReplayResult:
         # Rows are published sequences; a message our trading caused has no intended time.
         published_count = len(sources)
@@ -717,6 +737,11 @@ class ReplaySystem:
         counters["exchange_max_send_lag_ns"] = int(known.max()) if known.size else 0
         labels = replay_labels(cfg.path, xdp_mode, self.placement.label())
         document = timer.document(labels, start_wall_ns, end_wall_ns, counters)
+        # The inference stage's series and counters (its model and runtime in their labels).
+        document.series += [Series({**labels, **s.labels}, s.hist) for s in inference[0]]
+        document.counters += [
+            Counter(c.name, {**labels, **c.labels}, c.value) for c in inference[1]
+        ]
         return ReplayResult(document, book, counters, complete, published, problems)
 
 

@@ -104,6 +104,16 @@ def replay(
         typer.Option(help="calibration only: busy-wait this long before each order is sent"),
     ] = 0.0,
     loss: Annotated[int, typer.Option(help="drop this % of feed packets (nftables)")] = 0,
+    inference: Annotated[
+        bool,
+        typer.Option(
+            "--inference", help="a Llama-architecture signal for the strategy (docs/inference.md)"
+        ),
+    ] = False,
+    model: Annotated[
+        str,
+        typer.Option(help="--inference model: smollm2, a GGUF file, an HF directory, a URL"),
+    ] = "smollm2",
     as_json: Annotated[bool, typer.Option("--json", help="one JSON document")] = False,
 ) -> None:
     """Replay FILE through exchange, feed, book, strategy and gateway; time every tick."""
@@ -134,6 +144,9 @@ def replay(
         _fail(f"--speed must be positive, not {speed}")
     if not 0 <= loss < 100:
         _fail(f"--loss must be a percentage in 0..99, not {loss}")
+    remote = model.startswith(("http://", "https://"))
+    if inference and model != "smollm2" and not remote and not Path(model).exists():
+        _fail(f"--model {model}: no such file or directory")
     try:
         cpus = Placement.parse(placement)
     except ValueError as error:
@@ -151,7 +164,11 @@ def replay(
     if duration is not None:
         speed = speed_for_duration(ticks.timestamps_ns, duration)
     config = ReplayConfig(
-        speed=speed, act_share=act_share, inject_delay_us=inject_delay_us, path=paths[0]
+        speed=speed,
+        act_share=act_share,
+        inject_delay_us=inject_delay_us,
+        path=paths[0],
+        inference_model=model if inference else None,
     )
     out.mkdir(parents=True, exist_ok=True)
     summaries = []

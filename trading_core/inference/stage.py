@@ -60,6 +60,7 @@ __all__ = [
     "InferenceStage",
     "Result",
     "inference_cgroup",
+    "sibling_cgroup",
 ]
 
 QUEUE_WAIT: Final = "inference_queue_wait"
@@ -121,6 +122,19 @@ class BoundedSignalHook(SignalHook):
                 return None
             self.fresh += 1
         return signal
+
+
+def sibling_cgroup(name: str = "inference") -> Path:
+    """``name`` beside the calling process's own cgroup (created): a component that places
+    the stage next to itself, e.g. ``…/trading`` → ``…/inference``."""
+    from tailsight.probes.features import find_cgroup2_mount
+
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    own = next(line[3:] for line in lines if line.startswith("0::"))  # the cgroup v2 line
+    directory = find_cgroup2_mount() / own.strip("/")
+    directory = directory.parent / name
+    directory.mkdir(exist_ok=True)
+    return directory
 
 
 def inference_cgroup(base: str | None = None) -> Path:
