@@ -144,15 +144,7 @@ class BccProbe:
         """Compile with verified offsets and attach every tracepoint (all or nothing): as tp_btf
         if the kernel takes it, else (or if ``TAILSIGHT_ATTACH_MODE=raw_tp``) as raw
         tracepoints; ``attach_mode`` says which, ``attach_fallback`` why tp_btf was not used."""
-        from tailsight.probes.loader import (
-            TP_BTF,
-            TP_BTF_CFLAG,
-            TpBtfLoadError,
-            attach_raw_tracepoints,
-            compile_probe,
-            preferred_attach_modes,
-            require_bpf_privileges,
-        )
+        from tailsight.probes.loader import attach_best, compile_probe, require_bpf_privileges
 
         if self._bpf is not None:
             return
@@ -160,30 +152,34 @@ class BccProbe:
         cflags = [*self.extra_cflags(), *self._outlier_cflags]
         if self._filter is not None:
             cflags.append(f"-D{self.name.upper()}_CGROUP_FILTER")
-        modes = preferred_attach_modes()
-        for mode in modes:
-            bpf = compile_probe(self.name, [*cflags, *([TP_BTF_CFLAG] if mode == TP_BTF else [])])
-            try:
-                self._bpf = bpf
-                self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
-                if self._filter is not None:
-                    self._sync_filter()
-                self._attached = attach_raw_tracepoints(bpf, self.name, self.tracepoints, mode=mode)
-                self.attach_mode = mode
-                return
-            except TpBtfLoadError as error:
-                self._release(bpf)
-                self.attach_fallback = str(error)
-                if mode == modes[-1]:
-                    raise
-            except BaseException:
-                self._release(bpf)
-                raise
 
-    def _release(self, bpf: Any) -> None:
+        def prepare(bpf: Any) -> None:
+            self._close_mapped()
+            self._bpf = bpf
+            self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
+            if self._filter is not None:
+                self._sync_filter()
+
+        try:
+            _, self._attached, self.attach_fallback = attach_best(
+                self.name,
+                lambda extra: compile_probe(self.name, [*cflags, *extra]),
+                prepare,
+                self.tracepoints,
+            )
+        except BaseException:
+            self._close_mapped()
+            self._bpf = self.outliers = None
+            raise
+        self.attach_mode = self._attached.mode
+
+    def _close_mapped(self) -> None:
         for mapped in self._mapped.values():
             mapped.close()
         self._mapped.clear()
+
+    def _release(self, bpf: Any) -> None:
+        self._close_mapped()
         self._bpf = self.outliers = None
         bpf.cleanup()
 
@@ -219,6 +215,11 @@ class BccProbe:
 
     def read(self) -> Snapshot:
         raise NotImplementedError
+
+    def attachment(self) -> Any:
+        """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
+        self._require_bpf()
+        return self._attached
 
     def program_fds(self) -> dict[str, int]:
         """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""

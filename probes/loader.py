@@ -11,7 +11,7 @@ import ctypes
 import errno
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -192,9 +192,9 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
     try:
         return _bpf_syscall(_BPF_PROG_LOAD, attr)
     except OSError as error:
-        if error.errno in (errno.EPERM, errno.EACCES):
+        if error.errno == errno.EPERM:  # no privileges: no other mode would load either
             raise
-        first_errno = error.errno or 0
+        first_errno = error.errno or 0  # EACCES/EINVAL: the verifier's refusal, in its log
     log = ctypes.create_string_buffer(_VERIFIER_LOG_BYTES)
     attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ctypes.addressof(log)
     try:
@@ -269,10 +269,24 @@ class AttachedProbe:
     link_fds: dict[str, int] = field(default_factory=dict)
     prog_fds: dict[str, int] = field(default_factory=dict)
 
-    def close(self) -> None:
+    def detach(self) -> None:
+        """Unlink the programs from their tracepoints, keeping them loaded (``reattach``)."""
         while self.link_fds:
             _, fd = self.link_fds.popitem()
             os.close(fd)
+
+    def reattach(self) -> None:
+        """Link the loaded programs to their tracepoints again (after ``detach``)."""
+        for tracepoint, prog_fd in self.prog_fds.items():
+            if tracepoint not in self.link_fds:
+                self.link_fds[tracepoint] = (
+                    raw_tracepoint_open_btf(prog_fd)
+                    if self.mode == TP_BTF
+                    else raw_tracepoint_open(prog_fd, tracepoint)
+                )
+
+    def close(self) -> None:
+        self.detach()
         while self.prog_fds:
             _, fd = self.prog_fds.popitem()
             if self.mode == TP_BTF:
@@ -304,7 +318,7 @@ def attach_raw_tracepoints(
         except TpBtfLoadError:
             attached.close()
             raise
-        except OSError as error:  # tp_btf: EPERM/EACCES
+        except OSError as error:  # tp_btf: EPERM
             failures[tracepoint] = f"program {fn_name} not loaded: {_attach_reason(error)}"
             continue
         except Exception as error:  # bcc: bare Exception, verifier log on stderr
@@ -322,6 +336,36 @@ def attach_raw_tracepoints(
         attached.close()
         raise AttachError(probe, failures)
     return attached
+
+
+def attach_best(
+    probe: str,
+    compile_with: Callable[[list[str]], Any],
+    prepare: Callable[[Any], None],
+    tracepoints: Sequence[str],
+) -> tuple[Any, AttachedProbe, str | None]:
+    """Compile (``compile_with(extra cflags)``), ``prepare`` the maps and attach, in the best
+    attach mode the kernel takes: tp_btf, else raw tracepoints (`preferred_attach_modes`).
+
+    Returns (bpf, attached, why tp_btf was refused or None).  On any failure the module is
+    cleaned up and the error raised.
+    """
+    modes = preferred_attach_modes()
+    refused: str | None = None
+    for mode in modes:
+        bpf = compile_with([TP_BTF_CFLAG] if mode == TP_BTF else [])
+        try:
+            prepare(bpf)
+            return bpf, attach_raw_tracepoints(bpf, probe, tracepoints, mode=mode), refused
+        except TpBtfLoadError as error:
+            bpf.cleanup()
+            refused = str(error)
+            if mode == modes[-1]:
+                raise
+        except BaseException:
+            bpf.cleanup()
+            raise
+    raise AssertionError("unreachable: preferred_attach_modes() is never empty")
 
 
 def _attach_reason(error: OSError) -> str:

@@ -171,7 +171,6 @@ static __always_inline s32 claim_slot(u64 cgroup_id)
     if (!hint)
         return -1;
     slot = *hint;
-#pragma unroll
     for (int try = 0; try < SLOT_CLAIM_TRIES; try++) {
         if (slot == 0)
             slot = 1;

@@ -14,7 +14,7 @@
  * Only transitions both ends of which were seen count: sockets already open at attach give
  * time-in-state samples from their first seen transition on, and no lifetime.
  *
- * Attach points (raw tracepoints; arguments per the btf_trace_<name> typedefs):
+ * Attach points (tp_btf where the kernel takes it, else raw tracepoints; reads via kread.bpf.h):
  *   inet_sock_set_state(const struct sock *sk, const int oldstate, const int newstate)
  *   tcp_retransmit_skb(const struct sock *sk, const struct sk_buff *skb[, int err])
  *

@@ -105,13 +105,16 @@ class TcpStateProbe:
         self._offsets_override = dict(offsets_override or {})
         self._bpf: Any = None
         self._attached: Any = None
+        self.attach_mode: str | None = None
+        """``tp_btf`` or ``raw_tp`` once attached."""
+        self.attach_fallback: str | None = None
 
     def attach(self) -> None:
         """Compile with BTF offsets, attach both tracepoints, then self-check the sock offsets.
 
         Raises OffsetCheckError (and leaves nothing attached) if the check fails.
         """
-        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
+        from tailsight.probes.loader import attach_best, compile_probe
         from tailsight.probes.offsets import offset_cflags, resolve_offsets
 
         if self._bpf is not None:
@@ -125,14 +128,26 @@ class TcpStateProbe:
             cflags.append("-DTCPSTATE_RETRANSMIT_HAS_ERR")
         if self.port_allow_list:
             cflags.append("-DTCPSTATE_PORT_LABELS")
-        bpf = compile_probe(PROBE_NAME, cflags)
-        self._bpf = bpf
-        try:
+
+        def prepare(bpf: Any) -> None:
+            self._bpf = bpf
             ports = bpf[b"tcpstate_port_allow"]
             for port in self.port_allow_list:
                 ports[ports.Key(port)] = ctypes.c_uint8(1)
             self._sync_filter()
-            self._attached = attach_raw_tracepoints(bpf, PROBE_NAME, PROBE_TRACEPOINTS[PROBE_NAME])
+
+        try:
+            bpf, self._attached, self.attach_fallback = attach_best(
+                PROBE_NAME,
+                lambda extra: compile_probe(PROBE_NAME, [*cflags, *extra]),
+                prepare,
+                PROBE_TRACEPOINTS[PROBE_NAME],
+            )
+        except BaseException:
+            self._bpf = None
+            raise
+        self.attach_mode = self._attached.mode
+        try:
             if self._self_check:
                 check_sock_offsets(bpf, offsets)
         except BaseException:
@@ -186,11 +201,17 @@ class TcpStateProbe:
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
 
+    def attachment(self) -> Any:
+        """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
+        if self._attached is None:
+            raise RuntimeError("probe not attached")
+        return self._attached
+
     def program_fds(self) -> dict[str, int]:
         """Program fd per attached tracepoint (for BPF run-time stats)."""
         if self._bpf is None:
             raise RuntimeError("probe not attached")
-        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in PROBE_TRACEPOINTS[PROBE_NAME]}
+        return dict(self._attached.prog_fds)
 
     def map_fill(self) -> dict[str, float]:
         """Fill ratio per hash map (a full map drops events: see the drop counters)."""
@@ -206,6 +227,7 @@ class TcpStateProbe:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+        self.attach_mode = None
 
     def __enter__(self) -> TcpStateProbe:
         self.attach()
