@@ -47,6 +47,7 @@ FIX_CGROUP2 = "mount -t cgroup2 none /sys/fs/cgroup/unified"
 FIX_OFFSETS = "file a bug with the output of `tailsight doctor --json`"
 FIX_AF_XDP = "kernel needs CONFIG_XDP_SOCKETS=y (feed falls back to UDP)"
 FIX_AF_XDP_PERMISSION = "run as root: AF_XDP sockets need CAP_NET_RAW"
+FIX_TP_BTF = "tp_btf needs Linux >= 5.5 and BTF; raw tracepoints work"
 FIX_BPF_STATS = "needs Linux >= 5.1 for the kernel.bpf_stats_enabled sysctl"
 
 
@@ -232,6 +233,38 @@ def check_tracepoint(bpf: Any, tracepoint: str, probes: list[str], signature: st
     return Check(name, True, signature or f"attaches (used by {used_by})", None, True)
 
 
+def check_attach_mode(bpf: Any) -> Check:
+    """Which attach mode the probes get: tp_btf (typed tracepoints: direct loads, cheaper) if the
+    kernel takes a tp_btf program, else raw tracepoints; ``TAILSIGHT_ATTACH_MODE`` forces one."""
+    from tailsight.probes.loader import (
+        RAW_TP,
+        TP_BTF,
+        ProbeError,
+        load_tp_btf,
+        preferred_attach_modes,
+        raw_tracepoint_open_btf,
+    )
+
+    name = "attach mode"
+    try:
+        modes = preferred_attach_modes()
+    except ProbeError as error:
+        return Check(name, False, str(error), "unset TAILSIGHT_ATTACH_MODE", True)
+    if modes == (RAW_TP,):
+        return Check(name, True, "raw_tp (forced by TAILSIGHT_ATTACH_MODE)", None, False)
+    try:
+        prog_fd = load_tp_btf(bpf, _NOOP_FUNCTION, "sched_switch")
+        try:
+            os.close(raw_tracepoint_open_btf(prog_fd))
+        finally:
+            os.close(prog_fd)
+    except (ProbeError, OSError) as error:
+        if modes == (TP_BTF,):
+            return Check(name, False, f"tp_btf forced but refused: {error}", FIX_TP_BTF, True)
+        return Check(name, True, f"raw_tp (tp_btf refused: {error})", FIX_TP_BTF, False)
+    return Check(name, True, "tp_btf (typed tracepoints, direct loads)", None, False)
+
+
 def check_offsets(host: Host) -> Check:
     """Offsets resolve from BTF and the self-check reads our own task correctly."""
     from tailsight.probes.btf import Btf, BtfError
@@ -296,6 +329,8 @@ def run_checks(
         checks.append(
             check_offsets(host) if blocker is None else _not_run("BTF offsets", True, blocker)
         )
+        if bpf is not None and btf.ok and bpftool.ok:
+            checks.append(check_attach_mode(bpf))
         with_signature = btf.ok and bpftool.ok
         for tracepoint, probes in users.items():
             if bpf is None:

@@ -71,6 +71,27 @@ def test_doctor_json_all_ok_here(kernel_ready: None) -> None:
     for tracepoints in PROBE_TRACEPOINTS.values():
         assert {f"tp {tp}" for tp in tracepoints} <= names
     assert {"privileges", "kernel BTF", "bpftool", "bcc", "BTF offsets", "cgroup v2"} <= names
+    # This kernel takes tp_btf: doctor says the probes use it (TAILSIGHT_ATTACH_MODE unset).
+    mode = next(check for check in checks if check["name"] == "attach mode")
+    assert mode["detail"].startswith("tp_btf"), mode
+
+
+@pytest.mark.kernel
+def test_doctor_says_raw_tp_when_forced_and_the_probes_use_it(
+    kernel_ready: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tailsight.probes.runqueue import RunQueueProbe
+
+    monkeypatch.setenv("TAILSIGHT_ATTACH_MODE", "raw_tp")
+    result = CliRunner().invoke(main.app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    mode = next(check for check in json.loads(result.output) if check["name"] == "attach mode")
+    assert mode["ok"] and mode["detail"].startswith("raw_tp"), mode
+    with RunQueueProbe() as probe:
+        assert probe.attach_mode == "raw_tp"
+    monkeypatch.delenv("TAILSIGHT_ATTACH_MODE")
+    with RunQueueProbe() as probe:
+        assert probe.attach_mode == "tp_btf"
 
 
 @pytest.mark.kernel
