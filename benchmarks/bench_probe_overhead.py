@@ -58,6 +58,76 @@ def stop_load(pids: list[int]) -> None:
         os.waitpid(pid, 0)
 
 
+def loopback_connections(seconds: float) -> int:
+    """connect/accept/close on loopback (~10 TCP state changes per connection, both ends)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = server.getsockname()
+        count = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with socket.create_connection(address):
+                accepted, _ = server.accept()
+                accepted.close()
+            count += 1
+    return count
+
+
+def self_migrations(seconds: float) -> int:
+    """Flip our own affinity between two CPUs: one migration each (needs two CPUs)."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    count = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            os.sched_setaffinity(0, {cpus[count % 2]})
+            count += 1
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+    return count
+
+
+def other_probes(seconds: float) -> None:
+    """tcpstate's inet_sock_set_state and migration's sched_migrate_task, each against an
+    empty program on the same tracepoint in the same mode, under a load that fires it."""
+    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
+    from tailsight.probes.migration import MigrationProbe
+    from tailsight.probes.tcpstate import TcpStateProbe
+
+    cases = (
+        (TcpStateProbe, "inet_sock_set_state", loopback_connections),
+        (MigrationProbe, "sched_migrate_task", self_migrations),
+    )
+    for make, tracepoint, load in cases:
+        empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
+        probe = make()
+        probe.attach()
+        mode = probe.attach_mode or "raw_tp"
+        baseline = attach_raw_tracepoints(empty, "empty", [tracepoint], mode=mode)
+        try:
+            fds = (probe.program_fds()[tracepoint], baseline.prog_fds[tracepoint])
+            before = [prog_stats(fd) for fd in fds]
+            load(seconds)
+            after = [prog_stats(fd) for fd in fds]
+        finally:
+            baseline.close()
+            probe.close()
+            empty.cleanup()
+        (ours_ns, ours_n), (empty_ns, empty_n) = (
+            (b[0] - a[0], b[1] - a[1]) for a, b in zip(before, after, strict=True)
+        )
+        if min(ours_n, empty_n) == 0:
+            print(f"{tracepoint}: no events seen")
+            continue
+        per_ours, per_empty = ours_ns / ours_n, empty_ns / empty_n
+        print(
+            f"{probe.name} {tracepoint} ({mode}): "
+            f"{per_ours:.1f} vs empty {per_empty:.1f} ns/event over {ours_n:,} events, "
+            f"ratio {per_ours / per_empty:.2f}x"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run for CI (~5 s)")
@@ -114,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         v for (name, _), v in snapshot.counters.items() if name.endswith("_dropped_events")
     )
     print(f"drops during the run: {dropped}")
+    with enable_bpf_stats():
+        other_probes(seconds)
     return 0
 
 
