@@ -31,7 +31,9 @@
  * tracepoint in the same run.  A loopback connection makes ~10 transitions (both ends), so
  * ~4-5 µs of probe time per connection, a few % of a connect/accept/close cycle on loopback and
  * far less for connections that live longer than microseconds.  tcp_retransmit_skb costs one
- * socket-cgroup read and one hash add per retransmit.
+ * socket-cgroup read and one hash add per retransmit.  benchmarks/bench_probe_overhead.py
+ * (connect/accept/close loop, same run): tp_btf 620-720 vs 78 ns (7.9-9.2x), raw_tp 820-850 vs
+ * 80 ns: the direct loads save ~150 ns, the LRU + histogram hash maps remain (not yet slots).
  *
  * Example (31 loopback connects, client and server both in "/", same VM):
  *   /  time_in_state  SYN_SENT->ESTABLISHED  31  P50   7.6 µs  P99 23.5 µs
