@@ -232,22 +232,33 @@ class Incident:
         out = [head.change_line()]
         if head.direction != "up":
             return out  # shown on request (--falls); a faster tail has nothing to attribute
+        d = head.decomposition
+        mix = [x for x in d.sources if x.volume_effect > 0 and x.volume_share.value >= MAJORITY]
+        if head.aggregate and mix:  # no cgroup got slower: one sends more (or is new)
+            source = mix[0]
+            name = head._source_name(source.source)
+            if source.volume_before == 0:
+                line = f"Likely cause: a new source, {name} ({source.volume_after:,.1f} events "
+                line += "per interval, none before)."
+            else:
+                line = (
+                    f"Likely cause: a traffic mix shift: more calls from {name} "
+                    f"({source.volume_before:,.1f} -> {source.volume_after:,.1f} per interval), "
+                    "which was as slow before."
+                )
+            out.append(line)
+            if self.causes:
+                out.append(
+                    "Also changed: " + "; ".join(c.sentence() for c in self.causes[:2]) + "."
+                )
+            return out
         if self.causes:
             first, *others = self.causes
             out.append(f"Likely cause: {first.sentence(head.what(), head.after_ns)}.")
             if others:
                 out.append("Also changed: " + "; ".join(c.sentence() for c in others[:2]) + ".")
             return out
-        d = head.decomposition
-        mix = [x for x in d.sources if x.volume_effect > 0 and x.volume_share.value >= MAJORITY]
-        if head.aggregate and mix:
-            source = mix[0]
-            out.append(
-                f"Likely cause: a traffic mix shift: more calls from "
-                f"{head._source_name(source.source)} ({source.volume_before:,.1f} -> "
-                f"{source.volume_after:,.1f} per interval), which was as slow before."
-            )
-        elif self.tested_causes:
+        if self.tested_causes:
             out.append(
                 f"No cause found: none of {self.tested_causes} candidate signals (retransmits, "
                 "migrations, syscall errors, run-queue displacement) of the cgroups involved "
@@ -512,7 +523,7 @@ def find_incidents(
     for members in groups:
         cgroups = set().union(*(jump_cgroups(rises[m]) for m in members))
         causes, _ = _causes(rises, members, cgroups, table, intervals, config)
-        reach.append(cgroups | {c.cgroup for c in causes})
+        reach.append(cgroups.union(*(_linked(c) for c in causes)))
     merged = _group([rises[g[0]] for g in groups], reach, config.incident_window)
     incidents = []
     for parts in merged:
@@ -523,6 +534,12 @@ def find_incidents(
         incidents.append(Incident([fall], [], [], 0, sorted(jump_cgroups(fall))))
     incidents.sort(key=lambda i: (i.start_ns, i.headline.direction != "up", i.headline.series))
     return incidents
+
+
+def _linked(cause: Cause) -> set[str]:
+    """The cgroups a cause involves: where it shows and, for a displacement, the aggressor."""
+    aggressor = cause.labels.get("aggressor") if cause.kind == "displacement" else None
+    return {cause.cgroup} | ({aggressor} if aggressor and aggressor != IDLE_CGROUP_NAME else set())
 
 
 def _group(
@@ -571,14 +588,16 @@ def _incident(
     config: ExplainConfig,
 ) -> Incident:
     chosen = [jumps[m] for m in members]
+    cgroups = set().union(*(jump_cgroups(j) for j in chosen))
+    causes, tested = _causes(jumps, members, cgroups, table, intervals, config)
     leaves = [j for j in chosen if not j.aggregate]
     leaf_cgroups = set().union(set(), *(jump_cgroups(j) for j in leaves))
-    folded = [j for j in chosen if j.aggregate and _explained_by(j, leaf_cgroups)]
+    # A cgroup a leaf's cause names (the hog that displaced it) explains an aggregate too.
+    explaining = leaf_cgroups.union(*(_linked(c) for c in causes if c.cgroup in leaf_cgroups))
+    folded = [j for j in chosen if j.aggregate and _explained_by(j, explaining)]
     shown = [j for j in chosen if j not in folded]
     # Headline: the series that moved most (a leaf before an aggregate).
     shown.sort(key=lambda j: (j.aggregate, -abs(math.log(_safe_ratio(j))), j.p_value, j.series))
-    cgroups = set().union(*(jump_cgroups(j) for j in chosen))
-    causes, tested = _causes(jumps, members, cgroups, table, intervals, config)
     # The headline's own causes first: a cause of another cgroup of the incident (the run-queue
     # of / displaced by the same hog) is context, not the answer to "why did this rise?".
     mine = jump_cgroups(shown[0])

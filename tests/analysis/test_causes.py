@@ -249,3 +249,37 @@ def test_html_has_one_section_per_incident_with_the_cause_beside_the_symptom() -
     points = [float(xy.split(",")[1]) for xy in (cause[0].get("points") or "").split()]
     assert len(points) == len(documents)
     assert max(points[:25]) > min(points[35:])  # SVG y grows downwards
+
+
+def test_aggregate_raised_by_a_new_aggressor_folds_into_the_victims_incident() -> None:
+    """Seen end to end: hogs start in a new cgroup; their own (new) waits raise the all-cgroups
+    aggregate. One incident (the victim's, caused by the hogs), the aggregate folded into it."""
+    rng = np.random.default_rng(6)
+    calm = LatencyModel()
+    slow = calm.with_component(0.05, 400_000.0, 0.3)
+    hogs = LatencyModel(components=((1.0, 3_000_000.0, 0.2),))
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(slow if late else calm, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e6 / 8)),
+                     victim="/victim", aggressor="/"),
+        ]  # fmt: skip
+        if late:
+            series.append(Series({"probe": "runqueue", "cgroup": "/hogs"}, _hist(hogs, rng, 500)))
+            counters.append(
+                _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 4e8 / 8)),
+                         victim="/victim", aggressor="/hogs")
+            )  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    incident = report.incidents[0]
+    assert incident.headline.labels == {"probe": "runqueue", "cgroup": "/victim"}
+    assert incident.causes[0].labels == {"aggressor": "/hogs"}
+    assert [j.title() for j in incident.folded] == ["run-queue wait of all cgroups"]
