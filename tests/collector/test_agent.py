@@ -7,6 +7,7 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import signal
 import socket
 import ssl
@@ -391,6 +392,12 @@ def wait_for_body(
     return body
 
 
+def intervals_total(body: str) -> float:
+    counted = re.search(r"^tailsight_intervals_total (\S+)$", body, re.M)
+    assert counted is not None
+    return float(counted[1])
+
+
 def stop_process(proc: subprocess.Popen[str]) -> str:
     if proc.poll() is None:
         proc.kill()
@@ -454,13 +461,20 @@ def test_serve_record_on_full_disk_keeps_serving(kernel_ready: None, tmp_path: P
         proc = serve_process([*argv, "--record", str(mount / "rec")])
         try:
             url = f"http://127.0.0.1:{port}/metrics"
-            body = wait_for_body(proc, url, "tailsight_recording_up{")
-            wait_for_body(proc, url, "tailsight_intervals_total 4.0")  # still exporting
+            # The first records may still land in a partly used page: wait for the failure.
+            down = 'tailsight_recording_up{reason="No space left on device"} 0.0'
+            body = wait_for_body(proc, url, down)
+            failed_at = intervals_total(body)
+            deadline = time.monotonic() + 30
+            while intervals_total(body) < failed_at + 3:  # still exporting after the failure
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.3)
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=10) == 0
         finally:
             stderr = stop_process(proc)
-    assert 'tailsight_recording_up{reason="No space left on device"} 0.0' in body
+    assert "tailsight_recording_errors_total 1.0" in body
     assert "disk full" in stderr and "cannot serve" not in stderr, stderr
     assert "warning: /metrics on 0.0.0.0" in stderr, stderr
 
