@@ -259,7 +259,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ]  # fmt: skip
     log = tmp_path_factory.mktemp("llama-server") / "stderr"
     # To a file, not a pipe: the server logs enough to fill an unread pipe and block.
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    with log.open("wb") as err:  # the server keeps its own copy of the descriptor
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 60

@@ -35,7 +35,7 @@ def topo(kernel_ready: None) -> Iterator[Topology]:
 @pytest.mark.slow
 def test_replay_with_the_inference_stage_records_its_series(day: Path, topo: Topology) -> None:
     ticks = load_ticks(day)
-    speed = speed_for_duration(ticks.timestamps_ns, 4.0)
+    speed = speed_for_duration(ticks.timestamps_ns, 8.0)  # the model needs ~1 s a signal
     with ReplaySystem(ticks, topo, ["udp"]) as system:
         result = system.run(ReplayConfig(path="udp", speed=speed, inference_model="smollm2"))
     counters = result.counters

