@@ -99,6 +99,9 @@ class MigrationProbe:
         self._cpu_offset_override = task_cpu_offset_override
         self._bpf: Any = None
         self._links: list[Any] = []
+        self.attach_mode: str | None = None
+        """``tp_btf`` or ``raw_tp`` once attached."""
+        self.attach_fallback: str | None = None
         self.tracepoints: tuple[str, ...] = ()
         """The tracepoints actually attached (NUMA ones only where the kernel has them)."""
         self.cpu_offset_verified = False
@@ -116,7 +119,7 @@ class MigrationProbe:
         sched_migrate_task is required.  OffsetCheckError if the CPU offset reads wrong.
         """
         from tailsight.probes.btf import Btf
-        from tailsight.probes.loader import attach_raw_tracepoints, compile_probe
+        from tailsight.probes.loader import attach_best, compile_probe
 
         if self._bpf is not None:
             return
@@ -129,13 +132,26 @@ class MigrationProbe:
             for tp in PROBE_TRACEPOINTS[PROBE_NAME]
             if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
         ]
-        bpf = compile_probe(PROBE_NAME, [f"-DTASK_CPU_OFF={cpu_offset}"])
-        self._bpf = bpf
-        try:
+
+        def prepare(bpf: Any) -> None:
+            self._bpf = bpf
             self.load_topology(self.topology)
             self._sync_filter()
-            self._links = [attach_raw_tracepoints(bpf, PROBE_NAME, wanted)]
-            self.tracepoints = tuple(wanted)
+
+        try:
+            bpf, attached, self.attach_fallback = attach_best(
+                PROBE_NAME,
+                lambda extra: compile_probe(PROBE_NAME, [f"-DTASK_CPU_OFF={cpu_offset}", *extra]),
+                prepare,
+                wanted,
+            )
+        except BaseException:
+            self._bpf = None
+            raise
+        self._links = [attached]
+        self.attach_mode = attached.mode
+        self.tracepoints = tuple(wanted)
+        try:
             if self._self_check:
                 self.cpu_offset_verified = check_task_cpu_offset(bpf, cpu_offset)
         except BaseException:
@@ -182,11 +198,17 @@ class MigrationProbe:
             counters[(HOST_PREFIX + name, HOST_LABELS)] = value
         return Snapshot(PROBE_NAME, taken_ns, {}, counters)
 
+    def attachment(self) -> Any:
+        """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
+        if not self._links:
+            raise RuntimeError("probe not attached")
+        return self._links[0]
+
     def program_fds(self) -> dict[str, int]:
         """Program fd per attached tracepoint (for BPF run-time stats)."""
         if self._bpf is None:
             raise RuntimeError("probe not attached")
-        return {tp: self._bpf.funcs[f"on_{tp}".encode()].fd for tp in self.tracepoints}
+        return {tp: fd for link in self._links for tp, fd in link.prog_fds.items()}
 
     def map_fill(self) -> dict[str, float]:
         """Fill ratio per hash map (a full map drops events: see the drop counters)."""
@@ -202,6 +224,7 @@ class MigrationProbe:
             self._bpf.cleanup()
             self._bpf = None
         self.tracepoints = ()
+        self.attach_mode = None
 
     def __enter__(self) -> MigrationProbe:
         self.attach()

@@ -90,6 +90,18 @@ def probe(kernel_ready: None) -> Iterator[MigrationProbe]:
         yield attached
 
 
+@pytest.fixture(scope="module")
+def raw_tp_probe(kernel_ready: None) -> Iterator[MigrationProbe]:
+    """The same probe on raw tracepoints: BPF_PROG_TEST_RUN runs raw_tp programs, not tp_btf."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TAILSIGHT_ATTACH_MODE", "raw_tp")
+        attached = MigrationProbe()
+        attached.attach()
+    with attached:
+        assert attached.attach_mode == "raw_tp"
+        yield attached
+
+
 # -- without a kernel -----------------------------------------------------------------------------
 
 
@@ -214,12 +226,13 @@ def test_host_counters_come_from_vmstat(probe: MigrationProbe) -> None:
     ],
 )
 def test_numa_programs_count_the_right_kind(
-    probe: MigrationProbe, tracepoint: str, args: list[int], counter: str, expected: int
+    raw_tp_probe: MigrationProbe, tracepoint: str, args: list[int], counter: str, expected: int
 ) -> None:
     # NUMA balancing never runs on one node, so feed each program synthetic arguments
     # (BPF_PROG_TEST_RUN): task pointers that cannot be read resolve to cgroup id 0.
     from tailsight.probes.loader import prog_test_run_raw_tp
 
+    probe = raw_tp_probe
     if tracepoint not in probe.tracepoints:
         pytest.skip(f"{tracepoint}: not in this kernel")
     before = probe.read()
