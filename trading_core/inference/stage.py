@@ -101,7 +101,9 @@ class BoundedSignalHook(SignalHook):
     as no signal, so a stalled or slow model cannot steer orders with an old book's view.
     """
 
-    def __init__(self, max_age_ns: int = 50_000_000) -> None:
+    # 2 s: sized for the CPU default (SmolLM2 at one thread, ~1.2 s a signal here); a GPU
+    # server's signal would warrant milliseconds.
+    def __init__(self, max_age_ns: int = 2_000_000_000) -> None:
         if max_age_ns <= 0:
             raise ValueError(f"max_age_ns must be > 0, got {max_age_ns}")
         super().__init__()
