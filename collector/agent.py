@@ -113,6 +113,7 @@ class Agent:
             if self.config.record_dir is not None:
                 self.exporter.recording = self.recording
             self.verdicts = live_verdicts(self.exporter, self.log)
+            self.exporter.extra_families.append(self.verdicts.families)
 
     def tick(self) -> HistDocument:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""
@@ -144,10 +145,11 @@ class Agent:
         # must not cost the recording); the first failure is raised once all had their turn.
         failed: Exception | None = None
         consumers: list[Callable[[HistDocument], object]] = []
-        if self.exporter is not None:
-            consumers.append(self.exporter.update)
+        # Verdicts first: the exporter's update starts a new exposition that must include them.
         if self.verdicts is not None:
             consumers.append(self.verdicts.update)
+        if self.exporter is not None:
+            consumers.append(self.exporter.update)
         for consume in consumers:
             try:
                 consume(document)

@@ -242,6 +242,8 @@ class PrometheusExporter:
         self.bpf_stats_enabled = False
         self.interval_errors = 0
         self.recording: RecordingStatus | None = None
+        # More families served with ours, e.g. the live jump verdicts (collector/verdicts.py).
+        self.extra_families: list[Callable[[], list[Family]]] = []
         # Bumped by every change a scrape can see; the exposition is rendered once per value.
         self.generation = 0
         self.renders = 0
@@ -362,6 +364,8 @@ class PrometheusExporter:
             out = [*self._histogram_families(), *self._quantile_families()]
             out += self._counter_families()
         out += self._self_families()
+        for extra in self.extra_families:
+            out += extra()
         self.last_collect_s = time.perf_counter() - began
         return out
 

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
+from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 
 if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
-
     from tailsight.collector.exporter import PrometheusExporter
 
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
@@ -145,48 +144,37 @@ class JumpVerdicts:
     def active(self) -> list[Verdict]:
         return list(self._active)
 
-    def families(self) -> list[Metric]:
-        """``tailsight_tail_jump`` and its companions for the active verdicts."""
-        from prometheus_client.core import GaugeMetricFamily
-
+    def families(self) -> list[Family]:
+        """``tailsight_tail_jump`` and its companions for the active verdicts (the exporter
+        serves them with its own families)."""
         names = sorted({k for v in self._active for k, _ in v.series} | {"cgroup", "probe"})
-        labels = [*names, "q", "direction"]
-        active = GaugeMetricFamily(
-            "tailsight_tail_jump",
-            "1 while a confirmed tail jump of the series is active.",
-            labels=labels,
+        active = Family(
+            "tailsight_tail_jump", "gauge", "1 while a confirmed tail jump of the series is active."
         )
-        before = GaugeMetricFamily(
+        before = Family(
             "tailsight_tail_jump_p99_before_seconds",
+            "gauge",
             "The jump's tail quantile before the change.",
-            labels=labels,
         )
-        after = GaugeMetricFamily(
+        after = Family(
             "tailsight_tail_jump_p99_after_seconds",
+            "gauge",
             "The jump's tail quantile after the change.",
-            labels=labels,
         )
-        share = GaugeMetricFamily(
+        share = Family(
             "tailsight_tail_jump_aggressor_share",
+            "gauge",
             "Share of the victim's extra displaced wait each aggressor caused.",
-            labels=[*labels, "aggressor"],
         )
         for verdict in self._active:
-            values = [verdict.labels.get(n, "") for n in names]
-            values += [str(verdict.jump.quantile), verdict.jump.direction]
-            active.add_metric(values, 1.0)
-            before.add_metric(values, verdict.jump.before_ns / 1e9)
-            after.add_metric(values, verdict.jump.after_ns / 1e9)
+            pairs = tuple((n, verdict.labels.get(n, "")) for n in names)
+            pairs += (("q", str(verdict.jump.quantile)), ("direction", verdict.jump.direction))
+            active.add(pairs, 1.0)
+            before.add(pairs, verdict.jump.before_ns / 1e9)
+            after.add(pairs, verdict.jump.after_ns / 1e9)
             for aggressor, fraction in verdict.aggressor_shares:
-                share.add_metric([*values, aggressor], fraction)
+                share.add((*pairs, ("aggressor", aggressor)), fraction)
         return [active, before, after, share]
-
-    # prometheus-client collector protocol, to register on a CollectorRegistry.
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families()
 
 
 def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> JumpVerdicts:

@@ -18,7 +18,7 @@ TOKEN = "glsa_verdicts"
 
 def _samples(verdicts: JumpVerdicts) -> dict[str, list[tuple[dict[str, str], float]]]:
     return {
-        family.name: [(dict(s.labels), s.value) for s in family.samples]
+        family.name: [(dict(labels), value) for _, labels, _, value in family.samples]
         for family in verdicts.families()
     }
 
@@ -113,3 +113,20 @@ def test_serve_posts_annotations_only_with_url_and_token(monkeypatch: pytest.Mon
         assert {dict(key)["cgroup"] for key, _ in verdicts._detectors} == exporter.kept_cgroups(
             "runqueue"
         )
+
+
+def test_active_verdict_is_in_the_exporters_exposition() -> None:
+    """Wired as the agent wires it: the verdict families are served with the exporter's own and
+    the exposition rendered after the interval that raised the alarm already shows the jump."""
+    exporter = PrometheusExporter()
+    verdicts = JumpVerdicts(hold_intervals=HOLD)
+    exporter.extra_families.append(verdicts.families)
+    seen = b""
+    for document in incident(change_at=CHANGE, intervals=CHANGE + 3):
+        alarms = verdicts.update(document)
+        exporter.update(document)
+        if alarms:
+            seen = exporter.exposition()
+    line = next(x for x in seen.splitlines() if x.startswith(b"tailsight_tail_jump{"))
+    assert f'cgroup="{VICTIM}"'.encode() in line and line.endswith(b" 1.0")
+    assert f'aggressor="{AGGRESSOR}"'.encode() in seen
