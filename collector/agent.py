@@ -85,19 +85,24 @@ class Agent:
         from tailsight.probes.catalog import create_probe
 
         make = self.create_probe or create_probe
+        # Attach all first, then take every probe's baseline reading: a probe read right after
+        # its own attach would carry the events of the others' attach (seconds of compiling)
+        # into a first interval dated from the last attach.
+        ready: list[tuple[str, Probe]] = []
         for name in self.probe_names():
             probe: Probe | None = None
             try:
                 probe = make(name)
                 probe.attach()
+                ready.append((name, probe))
+            except Exception as error:  # ProbeError, bcc's bare Exception, KeyError, ...
+                self._not_attached(name, probe, error)
+        for name, probe in ready:
+            try:
                 first = as_snapshot(name, probe.read())
                 fds = dict(probe.program_fds())
-            except Exception as error:  # ProbeError, bcc's bare Exception, KeyError, ...
-                reason = " ".join(str(error).split()) or type(error).__name__
-                self.log(f"probe {name}: not attached: {reason}")
-                self.statuses[name] = ProbeStatus(attached=False, reason=reason)
-                if probe is not None:
-                    _close_quietly(probe)
+            except Exception as error:
+                self._not_attached(name, probe, error)
                 continue
             status = ProbeStatus(
                 attached=True, program_fds=fds, map_fill=getattr(probe, "map_fill", None)
@@ -114,6 +119,15 @@ class Agent:
                 self.exporter.recording = self.recording
             self.verdicts = live_verdicts(self.exporter, self.log)
             self.exporter.extra_families.append(self.verdicts.families)
+
+    def _not_attached(self, name: str, probe: Probe | None, error: Exception) -> None:
+        from tailsight.collector.exporter import ProbeStatus
+
+        reason = " ".join(str(error).split()) or type(error).__name__
+        self.log(f"probe {name}: not attached: {reason}")
+        self.statuses[name] = ProbeStatus(attached=False, reason=reason)
+        if probe is not None:
+            _close_quietly(probe)
 
     def tick(self) -> HistDocument:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""

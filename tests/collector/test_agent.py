@@ -132,6 +132,35 @@ def test_ticks_are_exact_contiguous_intervals(
     assert int(slot.coarse.sum()) == total_a
 
 
+class EventsDuringAttach(FakeProbe):
+    """Attaching it takes time during which another probe sees events (as compiling does)."""
+
+    def __init__(self, other: FakeProbe, cgroup_id: int, samples: np.ndarray) -> None:
+        super().__init__("netsyscall", [])
+        self.other, self.cgroup_id, self.samples = other, cgroup_id, samples
+
+    def attach(self) -> None:
+        hist = self.other.state.get(self.cgroup_id, Histogram.empty())
+        self.other.state[self.cgroup_id] = hist.merge(Histogram.from_samples(self.samples))
+
+
+def test_first_interval_holds_no_events_from_before_the_last_attach(
+    tree: tuple[CgroupResolver, dict[str, int]],
+) -> None:
+    resolver, ids = tree
+    steps = script(ids, 1, seed=3)
+    first = FakeProbe("runqueue", steps)
+    slow = EventsDuringAttach(first, ids["/a"], np.full(997, 40_000))  # prime count
+    fakes: dict[str, FakeProbe] = {"runqueue": first, "netsyscall": slow}
+    config = CollectorConfig(probes=("runqueue", "netsyscall"))
+    agent = Agent(config, resolver, log=lambda m: None, create_probe=fakes.__getitem__)
+    agent.start()
+    doc = agent.tick()
+    agent.close()
+    (series,) = doc.find(probe="runqueue", cgroup="/a")
+    assert series.hist == Histogram.from_samples(steps[0][ids["/a"]])
+
+
 def test_counter_reset_skips_one_interval(tree: tuple[CgroupResolver, dict[str, int]]) -> None:
     resolver, ids = tree
     probe = FakeProbe("runqueue", script(ids, 3, seed=2))
