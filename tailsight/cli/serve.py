@@ -266,10 +266,18 @@ def serve(
 
 
 def _check_probes(config: CollectorConfig) -> None:
+    """Known probe names, and the privileges to load them: one message up front (exit 2), not
+    a compile failure per probe."""
     from tailsight.probes.catalog import PROBE_CLASSES
+    from tailsight.probes.loader import PrivilegeError, require_bpf_privileges
 
     unknown = [p for p in config.probes if p not in PROBE_CLASSES]
     if unknown:
         raise typer.BadParameter(
             f"unknown probe(s) {unknown}; known: {sorted(PROBE_CLASSES)}", param_hint="--probe"
         )
+    try:
+        require_bpf_privileges()
+    except PrivilegeError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None

@@ -298,6 +298,22 @@ def test_unprivileged_trace_says_root_or_capabilities_once(tmp_path: Path) -> No
     assert "Failed to compile" not in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    "command", [["serve", "--duration", "1"], ["record", "rec", "--duration", "1"]]
+)
+def test_unprivileged_serve_and_record_say_root_or_capabilities_once(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Regression: serve and record printed one "not attached" line per probe and exited 1."""
+    tailsight = str(Path(sys.executable).with_name("tailsight"))
+    run = _as_nobody(tailsight, *command, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("needs root") == 1, run.stderr
+    assert "CAP_BPF" in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert "not attached" not in run.stderr, run.stderr
+    assert not (tmp_path / "rec").exists()
+
+
 def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) -> None:
     """What serve and record get from every probe: the same clear error, before bcc runs."""
     code = (
