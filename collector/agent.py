@@ -105,7 +105,10 @@ class Agent:
                 self._not_attached(name, probe, error)
                 continue
             status = ProbeStatus(
-                attached=True, program_fds=fds, map_fill=getattr(probe, "map_fill", None)
+                attached=True,
+                program_fds=fds,
+                map_fill=getattr(probe, "map_fill", None),
+                mode=getattr(probe, "attach_mode", ""),
             )
             self.statuses[name] = status
             self.attached[name] = _Attached(probe, first, status)

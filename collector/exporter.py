@@ -111,6 +111,7 @@ class ProbeStatus:
     program_fds: Mapping[str, int] = field(default_factory=dict)
     map_fill: Callable[[], Mapping[str, float]] | None = None
     read_errors: int = 0
+    mode: str = ""  # how its programs attach: "tp_btf", or "raw_tp" (the fallback)
 
 
 @dataclass
@@ -464,7 +465,8 @@ class PrometheusExporter:
         attached = Family(
             "tailsight_probe_attached",
             "gauge",
-            "1 if the probe is attached; 0 with the reason it is not.",
+            "1 if the probe is attached (mode: tp_btf or the raw_tp fallback); 0 with the reason "
+            "it is not.",
         )
         runs = Family(
             "tailsight_bpf_program_runs",
@@ -486,7 +488,8 @@ class PrometheusExporter:
             'Cgroups with events in the ranking window summed into cgroup="other".',
         )
         for probe, status in sorted(self.probes.items()):
-            attached.add((("probe", probe), ("reason", status.reason[:200])), status.attached)
+            where = (("probe", probe), ("reason", status.reason[:200]), ("mode", status.mode))
+            attached.add(where, status.attached)
             errors.add((("probe", probe),), status.read_errors)
             for program, fd in sorted(status.program_fds.items()):
                 stats = read_program_stats(self.config.proc_root, fd)

@@ -253,7 +253,8 @@ def test_serve_sigterm_detaches_and_flushes(kernel_ready: None, tmp_path: Path) 
             with contextlib.suppress(OSError):
                 url = f"http://127.0.0.1:{port}/metrics"
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
-        assert 'tailsight_probe_attached{probe="runqueue",reason=""} 1.0' in body
+        # this kernel has tp_btf (probes fall back to raw_tp only where it is missing)
+        assert 'tailsight_probe_attached{probe="runqueue",reason="",mode="tp_btf"} 1.0' in body
         assert "tailsight_bpf_stats_enabled 1.0" in body
         time.sleep(0.8)
         signalled_ns = time.time_ns()

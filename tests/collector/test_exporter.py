@@ -256,7 +256,7 @@ def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
     (fdinfo / "7").write_text("pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n")
     exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
     exporter.probes = {
-        "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}),
+        "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}, mode="tp_btf"),
         "tcpstate": ProbeStatus(False, reason="AttachError: inet_sock_set_state: EPERM"),
     }
     samples = scrape(exporter)
@@ -268,9 +268,10 @@ def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
         ("tailsight_bpf_program_run_time_seconds_total", "probe=runqueue", "program=sched_switch")
     ] == pytest.approx(0.123456789)
     assert ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone") not in samples
-    assert samples[("tailsight_probe_attached", "probe=runqueue", "reason=")] == 1
+    attached = ("tailsight_probe_attached", "mode=tp_btf", "probe=runqueue", "reason=")
+    assert samples[attached] == 1
     reason = "reason=AttachError: inet_sock_set_state: EPERM"
-    assert samples[("tailsight_probe_attached", "probe=tcpstate", reason)] == 0
+    assert samples[("tailsight_probe_attached", "mode=", "probe=tcpstate", reason)] == 0
     assert not math.isnan(samples[("tailsight_scrape_duration_seconds",)])
 
 
