@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from tailsight.collector.store import group_id
+
 DEFAULT_ADDRESS: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 9435
 DEFAULT_TOP_K: Final = 20
@@ -38,6 +40,7 @@ class CollectorConfig:
     record_dir: Path | None = None
     retention_max_age_s: float | None = None
     retention_max_bytes: int | None = None
+    record_group: str | None = None  # group that may read the recording (0640/0750)
     cgroup_root: Path | None = None
     proc_root: Path = field(default=Path("/proc"))
 
@@ -52,6 +55,7 @@ class CollectorConfig:
             raise ValueError("TLS needs both a certificate and a key file")
         if (self.basic_auth_user is None) != (self.basic_auth_hash_file is None):
             raise ValueError("basic auth needs both a user and a password hash file")
+        group_id(self.record_group)  # ValueError for a group that does not exist
         if any(w <= 0 for w in self.quantile_windows_s):
             raise ValueError(f"quantile windows must be > 0 s, got {self.quantile_windows_s}")
         for pattern in self.cgroup_allow:

@@ -71,6 +71,7 @@ def build_agent(config: CollectorConfig, log: Callable[[str], None], export: boo
                 config.record_dir,
                 max_age_s=config.retention_max_age_s,
                 max_bytes=config.retention_max_bytes,
+                group=config.record_group,
             )
         except OSError as error:
             if not export:  # `record`: the recording is the point, its caller says why not
@@ -222,6 +223,12 @@ def serve(
     retention_bytes: Annotated[
         int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
     ] = None,
+    record_group: Annotated[
+        str | None,
+        typer.Option(
+            "--record-group", help="Group that may read the recording (0640/0750; default 0600)."
+        ),
+    ] = None,
     duration: Annotated[
         float | None, typer.Option("--duration", min=0.0, help="Stop after S seconds.")
     ] = None,
@@ -254,6 +261,7 @@ def serve(
             record_dir=record,
             retention_max_age_s=retention_age,
             retention_max_bytes=retention_bytes,
+            record_group=record_group,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error

@@ -69,3 +69,26 @@ def test_unloadable_tls_files_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert "cannot load" in result.output
+
+
+def test_record_group_unknown_exit_2_and_known_group_readable(tmp_path: Path) -> None:
+    """`serve --record-group` as `record --group`: an unknown group is bad input; a known one
+    makes the recording 0750 / 0640 and owned by that group (the writer is built unattached)."""
+    import grp
+    import stat
+
+    from tailsight.cli.serve import build_agent
+    from tailsight.collector.config import CollectorConfig
+
+    result = CliRunner().invoke(
+        app, ["serve", "--record", str(tmp_path / "r"), "--record-group", "no-such-group-x"]
+    )
+    assert result.exit_code == 2 and "no-such-group-x" in result.output
+    assert not (tmp_path / "r").exists()
+    config = CollectorConfig(record_dir=tmp_path / "rec", record_group="daemon")
+    agent = build_agent(config, log=lambda m: None, export=True)
+    assert agent.writer is not None
+    agent.writer.close()
+    info = (tmp_path / "rec").stat()
+    assert stat.S_IMODE(info.st_mode) == 0o750
+    assert info.st_gid == grp.getgrnam("daemon").gr_gid
