@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -130,25 +129,6 @@ def top_outlier_stacks(document: HistDocument, limit: int = 5) -> list[OutlierSt
     return stacks[:limit]
 
 
-def forget_exited_symbol_caches(bpf_class: Any, proc_root: str = "/proc") -> int:
-    """Free bcc's per-process symbol caches of processes that have exited; returns how many.
-
-    bcc keeps one ``SymbolCache`` per pid in the class attribute ``BPF._sym_caches`` and never
-    frees it (about 0.9 MiB per pid here), so an agent symbolizing user stacks of short-lived
-    processes grows without bound.  Negative pids are bcc's kernel cache: kept.
-    """
-    caches: dict[int, Any] | None = getattr(bpf_class, "_sym_caches", None)
-    if not caches:
-        return 0
-    exited = [pid for pid in caches if pid >= 0 and not os.path.exists(f"{proc_root}/{pid}")]
-    if exited:
-        from bcc.libbcc import lib
-
-        for pid in exited:
-            lib.bcc_free_symcache(caches.pop(pid).cache, pid)
-    return len(exited)
-
-
 class OutlierStream:
     """One probe's outlier maps (``<prefix>_outlier_*``): drains the ring buffer into
     cumulative per-stack counts and keeps each cgroup's threshold at its current P99 bucket."""
@@ -253,7 +233,6 @@ class OutlierStream:
         nothing).  An event still in flight that names a deleted id gets LOST_STACK.
         """
         self._bpf.ring_buffer_consume()
-        forget_exited_symbol_caches(type(self._bpf))
         if len(self._kernel_folded) + len(self._user_folded) < STACK_MAP_RECYCLE:
             return
         table = self._bpf[f"{self.prefix}_outlier_stacks".encode()]

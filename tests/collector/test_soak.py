@@ -26,9 +26,11 @@ from tailsight.collector.store import Recording
 from tailsight.probes.catalog import PROBE_CLASSES
 from tailsight.workload import Workload, private_base, python_task
 
-# Opt-in (TAILSIGHT_SOAK_S=180, or 600 for the full run) until the fd double-close it found is
-# fixed: in one of two 180 s runs an fd of serve's (a scrape socket, the recording's lock) was
-# closed under it by another part of the process (EBADF), and serve exited 1 on SIGTERM.
+# Opt-in (TAILSIGHT_SOAK_S=180, or 600 for the full run) until serve's RSS is bounded under
+# churn: bcc keeps a symbol cache per symbolized pid forever (~0.9 MiB each; RSS 364 -> 586 MiB
+# in 180 s), and freeing it with bcc_free_symcache closes fds it had already closed, i.e. other
+# parts' fds (seen: scrape sockets, the recording's lock -> EBADF). Fix: symbolize user stacks in
+# a helper process that is recycled.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

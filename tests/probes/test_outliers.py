@@ -170,22 +170,6 @@ def test_netsyscall_outliers_carry_the_receivers_stacks(kernel_ready: None) -> N
 
 
 @pytest.mark.kernel
-def test_symbol_caches_of_exited_processes_are_freed(kernel_ready: None) -> None:
-    """bcc keeps a symbol cache per pid forever (~0.9 MiB each): an agent that symbolizes
-    short-lived processes' stacks must free them once the process is gone (/proc says so)."""
-    from bcc import BPF
-
-    from tailsight.probes.netsyscall import NetSyscallProbe
-
-    with NetSyscallProbe(cgroup_ids=[], outlier_floor_ns=FLOOR_NS) as probe:
-        for round_ in range(3):
-            _run_delayed_receiver(probe, f"out-sym{round_}")
-        probe.read()  # the drain after the receivers exited
-        cached = [pid for pid in BPF._sym_caches if pid >= 0]
-    assert all(Path(f"/proc/{pid}").exists() for pid in cached), cached
-
-
-@pytest.mark.kernel
 def test_netsyscall_outliers_are_rate_limited_per_cpu(kernel_ready: None) -> None:
     from tailsight.probes.netsyscall import NetSyscallProbe
 
