@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,6 +19,7 @@ import numpy as np
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, LabelValue, labels
+from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
 
 OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
 OUTLIER_DROPPED_SUFFIX: Final = "_outlier_dropped"
@@ -28,7 +29,6 @@ OUTLIER_QUANTILE: Final = 0.99
 MIN_THRESHOLD_SAMPLES: Final = 100
 """Fewer samples than this in an interval leave a cgroup's threshold as it was."""
 LOST_STACK: Final = "[lost]"
-UNKNOWN_FRAME: Final = "[unknown]"  # bcc's name for an address it cannot symbolize
 NO_THRESHOLD_NS: Final = 2**64 - 1
 # Frames of the tracing machinery itself, above the tracepoint's caller (leaf side).
 TRACING_FRAME_PREFIXES: Final = ("bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_prog_")
@@ -139,12 +139,16 @@ class OutlierStream:
         prefix: str,
         detail: tuple[str, Callable[[int], str]] | None = None,
         kernel_symbol: Callable[[int], bytes] | None = None,
+        user_symbols: Callable[[int, Sequence[int]], list[str]] | None = None,
     ) -> None:
         """``detail``: (label name, naming function) for the event's probe-specific detail
         field (netsyscall: ``("syscall", number -> name)``); None leaves it out.
-        ``kernel_symbol``: address -> name (default bcc's ``BPF.ksym``)."""
+        ``kernel_symbol``: address -> name (default bcc's ``BPF.ksym``, one cache, bounded).
+        ``user_symbols``: (tgid, addresses) -> names (default the process's recycled
+        symbolizer helper: bcc's per-pid caches must not accumulate in the agent)."""
         self._bpf = bpf
         self._kernel_symbol = kernel_symbol
+        self._user_symbols = user_symbols or shared_symbolizer().resolve
         self.prefix = prefix
         self._detail = detail
         self._counts: dict[tuple[int, str, str, str], int] = {}
@@ -215,13 +219,10 @@ class OutlierStream:
             return LOST_STACK
         if len(self._user_names) > MAX_SYMBOL_CACHE:
             self._user_names.clear()
-        names = []
-        for address in addresses:
-            name = self._user_names.get((tgid, address))
-            if name is None:
-                name = self._bpf.sym(address, tgid).decode(errors="replace")
-                self._user_names[(tgid, address)] = name
-            names.append(name)
+        missing = sorted({a for a in addresses if (tgid, a) not in self._user_names})
+        for address, name in zip(missing, self._user_symbols(tgid, missing), strict=True):
+            self._user_names[(tgid, address)] = name
+        names = [self._user_names[(tgid, address)] for address in addresses]
         folded = self._user_folded[(stack_id, tgid)] = fold(names)
         return folded
 

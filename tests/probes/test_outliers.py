@@ -9,7 +9,7 @@ import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -276,9 +276,9 @@ class _FakeBpf:
             event = self.pending.pop(0)
             callback(None, ctypes.addressof(event), ctypes.sizeof(event))
 
-    def sym(self, address: int, tgid: int) -> bytes:
-        self.symbolized.append((address, tgid))
-        return f"u{address}".encode() if address != 99 else b"[unknown]"
+    def user_symbols(self, tgid: int, addresses: Sequence[int]) -> list[str]:
+        self.symbolized += [(address, tgid) for address in addresses]
+        return [f"u{address}" if address != 99 else "[unknown]" for address in addresses]
 
 
 def _event(cgroup_id: int, kernel: int, user: int, tgid: int = 10, detail: int = 0) -> OutlierEvent:
@@ -302,7 +302,9 @@ def test_stream_counts_symbolizes_once_and_recycles_the_stack_map(
         looked_up.append(address)
         return kernel_names[address]
 
-    stream = OutlierStream(bpf, "x", ("syscall", lambda n: f"nr{n}"), kernel_symbol=ksym)
+    stream = OutlierStream(
+        bpf, "x", ("syscall", lambda n: f"nr{n}"), kernel_symbol=ksym, user_symbols=bpf.user_symbols
+    )
     bpf.pending = [_event(5, 1, 2, detail=45), _event(5, 1, 2, detail=45),
                    _event(6, -errno.EEXIST, -errno.EFAULT, detail=44)]  # fmt: skip
     stream.drain()

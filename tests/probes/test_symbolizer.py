@@ -1,0 +1,108 @@
+"""The recycled symbolizer helper: names against the dynamic linker's own addresses (dlsym in
+the target process), a new helper after every few pids with the old one gone, and nothing of
+bcc's per-pid state (caches, fds) left in the calling process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tailsight.probes.symbolizer import UNKNOWN_FRAME, Symbolizer
+
+# Prints the addresses of two libc functions as the target process's loader resolved them.
+TARGET_CODE = """
+import ctypes, sys
+libc = ctypes.CDLL(None)
+address = lambda f: ctypes.cast(f, ctypes.c_void_p).value
+print(address(libc.getpid), address(libc.qsort))
+sys.stdout.flush()
+sys.stdin.readline()
+"""
+TARGETS = 5  # prime: with two pids per helper, three helpers
+
+
+class Target:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", TARGET_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        getpid, qsort = self.proc.stdout.readline().split()
+        self.addresses = [int(getpid), int(qsort)]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.communicate()  # reaps it and closes both pipes
+
+
+@pytest.fixture
+def targets() -> Iterator[list[Target]]:
+    started = [Target() for _ in range(TARGETS)]
+    yield started
+    for target in started:
+        target.close()
+
+
+def plain(name: str) -> str:
+    """glibc's aliases of one function (``__getpid``, ``__GI_qsort``): bcc picks any of them."""
+    return name.lstrip("_").removeprefix("GI_").lstrip("_")
+
+
+def names_ok(names: list[str]) -> bool:
+    return [plain(name) for name in names] == ["getpid", "qsort"]
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def test_names_match_the_loader_and_helpers_are_recycled(targets: list[Target]) -> None:
+    import bcc
+
+    caches_before = dict(bcc.BPF._sym_caches)
+    symbolizer = Symbolizer(recycle_pids=2)
+    helpers: list[int] = []
+    fds_before = open_fds()
+    try:
+        for target in targets:
+            names = symbolizer.resolve(target.proc.pid, target.addresses)
+            assert names_ok(names), names
+            assert symbolizer.resolve(target.proc.pid, target.addresses) == names  # same helper
+            assert symbolizer.helper_pid is not None
+            if symbolizer.helper_pid not in helpers:
+                helpers.append(symbolizer.helper_pid)
+        assert symbolizer.helpers_started == len(helpers) == 3
+        for retired in helpers[:-1]:
+            assert not Path(f"/proc/{retired}").exists()  # killed and reaped
+        assert len(open_fds()) == len(fds_before) + 2  # only the live helper's two pipes
+        assert symbolizer.failures == 0
+    finally:
+        symbolizer.close()
+    assert not Path(f"/proc/{helpers[-1]}").exists()
+    assert bcc.BPF._sym_caches == caches_before  # no per-pid cache in this process
+    assert open_fds() == fds_before
+
+
+def test_a_killed_helper_is_replaced_and_a_gone_pid_reads_unknown(targets: list[Target]) -> None:
+    symbolizer = Symbolizer()
+    try:
+        first = targets[0]
+        assert names_ok(symbolizer.resolve(first.proc.pid, first.addresses))
+        assert symbolizer.helper_pid is not None
+        os.kill(symbolizer.helper_pid, 9)
+        assert names_ok(symbolizer.resolve(first.proc.pid, first.addresses))
+        assert symbolizer.helpers_started == 2 and symbolizer.failures <= 1
+        gone = targets[1]
+        gone.close()
+        assert symbolizer.resolve(gone.proc.pid, gone.addresses) == [UNKNOWN_FRAME] * 2
+        assert symbolizer.resolve(first.proc.pid, []) == []
+    finally:
+        symbolizer.close()
