@@ -140,29 +140,165 @@ def _checked_key(labels: Mapping[str, str]) -> LabelKey:
 
 def _unpack_interval(payload: bytes) -> HistDocument:
     """Inverse of :func:`_pack_interval`, validating what a hist/1 reader validates."""
+    return _unpack_arrays(payload).document()
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """The labels of an interval's series and counters, validated once and shared by every
+    interval that has the same (the usual case: a recording's series rarely change)."""
+
+    series: tuple[LabelKey, ...]
+    counters: tuple[tuple[str, LabelKey], ...]
+
+    @classmethod
+    def of(cls, labels: Any, counter_meta: Any) -> Layout:
+        """From the ``series`` and ``counters`` metadata; HistFormatError as a reader says it."""
+        if not isinstance(labels, list) or not isinstance(counter_meta, list):
+            raise HistFormatError("interval metadata: series and counters must be lists")
+        for entry in counter_meta:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+                raise HistFormatError(f"interval metadata: bad counter {entry!r}")
+        series = tuple(_key(_labels(value)) for value in labels)
+        counters = tuple((name, _key(_labels(value))) for name, value in counter_meta)
+        seen: set[object] = set()
+        for key in series:
+            if key in seen:
+                raise HistFormatError(f"two series with labels {dict(key)}")
+            seen.add(key)
+        for name, key in counters:
+            if not name:
+                raise HistFormatError(f"counter name must be a non-empty string, got {name!r}")
+            if (name, key) in seen:
+                raise HistFormatError(f"two counters {name!r} with labels {dict(key)}")
+            seen.add((name, key))
+        return cls(series, counters)
+
+
+@dataclass(frozen=True, eq=False)
+class IntervalArrays:
+    """One interval as sparse arrays (what the analysis streams; no Histogram objects):
+    series ``k`` holds ``nnz[k]`` nonzero buckets, at ``indices`` with ``counts`` from offset
+    ``nnz[:k].sum()``; ``values`` are the counters' values in ``layout.counters`` order."""
+
+    start_ns: int
+    end_ns: int
+    layout: Layout
+    nnz: npt.NDArray[np.int64]
+    indices: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    overflows: npt.NDArray[np.int64]
+    sums: npt.NDArray[Any]
+    """uint64 (object for a text record's values beyond 64 bits); so are ``values``."""
+    values: npt.NDArray[Any]
+    source: HistDocument | None = None
+    """The document a text record or a caller gave (returned as is by :meth:`document`)."""
+
+    @property
+    def series_of_entries(self) -> npt.NDArray[np.int64]:
+        """The series index of every nonzero bucket entry."""
+        return np.repeat(np.arange(len(self.nnz)), self.nnz)
+
+    def totals(self) -> npt.NDArray[np.float64]:
+        """Events per series, overflow included (float64: exact below 2**53)."""
+        per_series = np.bincount(
+            self.series_of_entries, weights=self.counts, minlength=len(self.nnz)
+        )
+        return np.asarray(per_series + self.overflows, dtype=np.float64)
+
+    def document(self) -> HistDocument:
+        """The interval as a :class:`HistDocument` (what :meth:`Recording.documents` returns)."""
+        if self.source is not None:
+            return self.source
+        n = len(self.nnz)
+        dense = np.zeros((n, NUM_BUCKETS), dtype=np.int64)
+        dense[self.series_of_entries, self.indices] = self.counts
+        series: list[Series] = []
+        try:
+            for k in range(n):
+                hist = Histogram(
+                    dense[k], overflow=int(self.overflows[k]), sum_ns=int(self.sums[k])
+                )
+                series.append(Series(dict(self.layout.series[k]), hist))
+        except ValueError as error:
+            raise HistFormatError(f"interval payload: {error}") from error
+        counters = [
+            Counter(name, dict(labels), int(self.values[j]))
+            for j, (name, labels) in enumerate(self.layout.counters)
+        ]
+        return HistDocument(self.start_ns, self.end_ns, series, counters)
+
+    @classmethod
+    def of(cls, document: HistDocument) -> IntervalArrays:
+        """A document as arrays (text records, and documents handed to the analysis)."""
+        layout = Layout(
+            tuple(_key(s.labels) for s in document.series),
+            tuple((c.name, _key(c.labels)) for c in document.counters),
+        )
+        nonzero = [np.flatnonzero(s.hist.counts) for s in document.series]
+        series = document.series
+        return cls(
+            document.start_ns,
+            document.end_ns,
+            layout,
+            np.array([len(k) for k in nonzero], dtype=np.int64),
+            np.concatenate(nonzero).astype(np.int64) if series else np.zeros(0, np.int64),
+            np.concatenate([s.hist.counts[k] for s, k in zip(series, nonzero, strict=True)])
+            if series
+            else np.zeros(0, np.int64),
+            np.array([s.hist.overflow for s in series], dtype=np.int64),
+            _unsigned([s.hist.sum_ns for s in series]),
+            _unsigned([c.value for c in document.counters]),
+            document,
+        )
+
+
+def _unsigned(values: list[int]) -> npt.NDArray[Any]:
+    """uint64, or Python ints where a value does not fit (text records allow any size)."""
+    if max(values, default=0) < _UINT64_LIMIT:
+        return np.array(values, dtype=np.uint64)
+    return np.array(values, dtype=object)
+
+
+_FAST_META: Final = re.compile(rb'\{"start_ns":(0|[1-9][0-9]{0,18}),"end_ns":(0|[1-9][0-9]{0,18})')
+_LAYOUT_CACHE_SIZE: Final = 64
+
+
+def _unpack_arrays(payload: bytes, layouts: dict[bytes, Layout] | None = None) -> IntervalArrays:
+    """:func:`_unpack_interval` without Histogram objects; ``layouts`` caches the validated
+    labels by their metadata bytes (the writer's metadata puts the times first)."""
     if len(payload) < _META_LEN.size:
         raise HistFormatError("interval payload shorter than its header")
     (meta_len,) = _META_LEN.unpack_from(payload)
     offset = _META_LEN.size + meta_len
-    try:
-        meta = json.loads(payload[_META_LEN.size : offset], object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as error:
-        raise HistFormatError(f"interval metadata: {error}") from error
-    if not isinstance(meta, dict) or set(meta) != {"start_ns", "end_ns", "series", "counters"}:
-        raise HistFormatError("interval metadata: wrong fields")
-    start_ns, end_ns = meta["start_ns"], meta["end_ns"]
-    if not all(type(t) is int for t in (start_ns, end_ns)) or not (
-        0 <= start_ns <= end_ns <= _INT64_MAX
-    ):
+    meta_bytes = payload[_META_LEN.size : offset]
+    fast = _FAST_META.match(meta_bytes)
+    layout = None
+    if fast is not None and layouts is not None:
+        rest = meta_bytes[fast.end() :]
+        layout = layouts.get(rest)
+        if layout is None:
+            layout = _layout_of(b"{" + rest[1:]) if rest[:1] == b"," else None
+            if layout is not None:
+                if len(layouts) >= _LAYOUT_CACHE_SIZE:
+                    layouts.clear()
+                layouts[rest] = layout
+    if layout is not None and fast is not None:
+        start_ns, end_ns = int(fast[1]), int(fast[2])
+    else:  # anything unusual: the full parse, which says what is wrong
+        try:
+            meta = json.loads(meta_bytes, object_pairs_hook=_unique_keys)
+        except (ValueError, RecursionError) as error:
+            raise HistFormatError(f"interval metadata: {error}") from error
+        if not isinstance(meta, dict) or set(meta) != {"start_ns", "end_ns", "series", "counters"}:
+            raise HistFormatError("interval metadata: wrong fields")
+        start_ns, end_ns = meta["start_ns"], meta["end_ns"]
+        if not all(type(t) is int for t in (start_ns, end_ns)):
+            raise HistFormatError(f"interval metadata: bad interval [{start_ns!r}, {end_ns!r}]")
+        layout = Layout.of(meta["series"], meta["counters"])
+    if not 0 <= start_ns <= end_ns <= _INT64_MAX:
         raise HistFormatError(f"interval metadata: bad interval [{start_ns!r}, {end_ns!r}]")
-    labels = meta["series"]
-    counter_meta = meta["counters"]
-    if not isinstance(labels, list) or not isinstance(counter_meta, list):
-        raise HistFormatError("interval metadata: series and counters must be lists")
-    for entry in counter_meta:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise HistFormatError(f"interval metadata: bad counter {entry!r}")
-    n, m = len(labels), len(counter_meta)
+    n, m = len(layout.series), len(layout.counters)
     nnz = _array_at(payload, offset, "<u4", n)
     offset += 4 * n
     total = int(nnz.sum(dtype=np.int64))
@@ -183,22 +319,36 @@ def _unpack_interval(payload: bytes) -> HistDocument:
         or (n and overflows.max() > _INT64_MAX)
     ):
         raise HistFormatError("interval payload: bucket index, count or overflow out of range")
-    dense = np.zeros((n, NUM_BUCKETS), dtype=np.int64)
-    dense[rows, indices] = counts
-    series: list[Series] = []
+    overflows = overflows.astype(np.int64)
+    # What Histogram checks: every series' total count fits in int64.
+    events = np.bincount(rows, weights=counts.astype(np.float64), minlength=n) + overflows
+    if n and float(events.max()) >= 2.0**63:
+        raise HistFormatError("interval payload: total count does not fit in int64")
+    return IntervalArrays(
+        start_ns,
+        end_ns,
+        layout,
+        nnz.astype(np.int64),
+        indices,
+        counts.astype(np.int64),
+        overflows,
+        sums.astype(np.uint64),
+        values.astype(np.uint64),
+    )
+
+
+def _layout_of(text: bytes) -> Layout | None:
+    """The layout of metadata without its times, or None where it is not exactly that."""
     try:
-        for k in range(n):
-            hist = Histogram(dense[k], overflow=int(overflows[k]), sum_ns=int(sums[k]))
-            series.append(Series(_labels(labels[k]), hist))
-    except ValueError as error:
-        raise HistFormatError(f"interval payload: {error}") from error
-    counters = [
-        Counter(name, _labels(counter_labels), int(values[j]))
-        for j, (name, counter_labels) in enumerate(counter_meta)
-    ]
-    document = HistDocument(start_ns, end_ns, series, counters)
-    _check_writable(document)  # duplicates, empty names
-    return document
+        meta = json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(meta, dict) or set(meta) != {"series", "counters"}:
+        return None
+    try:
+        return Layout.of(meta["series"], meta["counters"])
+    except HistFormatError:
+        return None
 
 
 def _array_at(payload: bytes, offset: int, dtype: str, count: int) -> npt.NDArray[Any]:
@@ -478,6 +628,14 @@ def scan_segment(path: Path | str) -> SegmentScan:
 def iter_segment(path: Path, scan: SegmentScan) -> Iterator[HistDocument]:
     """The documents of a segment one at a time (a segment can hold gigabytes once parsed);
     what was skipped is added to ``scan``. Reading errors (permissions) raise OSError."""
+    for interval in iter_segment_arrays(path, scan):
+        yield interval.document()
+
+
+def iter_segment_arrays(
+    path: Path, scan: SegmentScan, layouts: dict[bytes, Layout] | None = None
+) -> Iterator[IntervalArrays]:
+    """:func:`iter_segment` as :class:`IntervalArrays` (``layouts``: see :func:`_unpack_arrays`)."""
     data = path.read_bytes()
     header = data[: len(SEGMENT_HEADER)]
     if len(data) < len(SEGMENT_HEADER) and (
@@ -490,7 +648,7 @@ def iter_segment(path: Path, scan: SegmentScan) -> Iterator[HistDocument]:
     problems_before = len(scan.problems)
     position = len(SEGMENT_HEADER)
     while position < len(data):
-        found = _record_at(data, position, len(data), scan)
+        found = _record_at(data, position, len(data), scan, layouts)
         if isinstance(found, tuple):
             found_any = True
             yield found[0]
@@ -500,11 +658,11 @@ def iter_segment(path: Path, scan: SegmentScan) -> Iterator[HistDocument]:
         # before the magic after it, so every byte is checksummed at most once (linear).
         scan.bad_records += 1
         reason, candidate = found, _next_magic(data, position + 1)
-        resumed: tuple[HistDocument, int] | None = None
+        resumed: tuple[IntervalArrays, int] | None = None
         while candidate != -1:
             following = _next_magic(data, candidate + 1)
             limit = len(data) if following == -1 else following
-            attempt = _record_at(data, candidate, limit, scan)
+            attempt = _record_at(data, candidate, limit, scan, layouts)
             if isinstance(attempt, tuple):
                 resumed = attempt
                 break
@@ -534,8 +692,12 @@ def _next_magic(data: bytes, start: int) -> int:
 
 
 def _record_at(
-    data: bytes, position: int, limit: int, scan: SegmentScan
-) -> tuple[HistDocument, int] | str:
+    data: bytes,
+    position: int,
+    limit: int,
+    scan: SegmentScan,
+    layouts: dict[bytes, Layout] | None = None,
+) -> tuple[IntervalArrays, int] | str:
     """The record at ``position`` if it checks out and ends by ``limit``, else why not."""
     head = _RECORD_HEAD.size
     if len(data) - position < head:
@@ -556,8 +718,8 @@ def _record_at(
         return "record checksum mismatch"
     try:
         if magic == RECORD_MAGIC_V1:
-            return HistDocument.loads(payload), end
-        return _unpack_interval(_decompress(payload)), end
+            return IntervalArrays.of(HistDocument.loads(payload)), end
+        return _unpack_arrays(_decompress(payload), layouts), end
     except HistFormatError as error:
         return f"record does not decode: {error}"
 
@@ -614,6 +776,7 @@ class Recording:
         self.duplicates = 0
         self.overlaps = 0
         self.problems: list[ReadProblem] = []
+        self._layouts: dict[bytes, Layout] = {}
 
     def documents(
         self, since_ns: int | None = None, until_ns: int | None = None
@@ -625,6 +788,14 @@ class Recording:
         self, since_ns: int | None = None, until_ns: int | None = None
     ) -> Iterator[HistDocument]:
         """:meth:`documents` one at a time, segment by segment (bounded memory)."""
+        for interval in self.iter_intervals(since_ns, until_ns):
+            yield interval.document()
+
+    def iter_intervals(
+        self, since_ns: int | None = None, until_ns: int | None = None
+    ) -> Iterator[IntervalArrays]:
+        """:meth:`iter_documents` as :class:`IntervalArrays`, in file order (not sorted):
+        what the analysis streams, several times over, without building histograms."""
         self.skipped_bytes = self.bad_records = self.duplicates = self.overlaps = 0
         self.problems = []
         first_seen: dict[tuple[int, int], Path] = {}
@@ -639,7 +810,7 @@ class Recording:
                 # The last append sets mtime, after the end of the segment's last interval.
                 if since_ns is not None and path.stat().st_mtime_ns < since_ns:
                     continue
-                for d in iter_segment(path, scan):
+                for d in iter_segment_arrays(path, scan, self._layouts):
                     interval = (d.start_ns, d.end_ns)
                     original = first_seen.get(interval)
                     if original is not None:
@@ -695,13 +866,13 @@ class Recording:
         first = last = None
         for path in segments:  # the first segment with a document gives the start
             with contextlib.suppress(FileNotFoundError):  # retention may remove it meanwhile
-                first = next(iter_segment(path, SegmentScan(path)), None)
+                first = next(iter_segment_arrays(path, SegmentScan(path), self._layouts), None)
             if first is not None:
                 break
         for path in reversed(segments):
-            tail: deque[HistDocument] = deque(maxlen=1)
+            tail: deque[IntervalArrays] = deque(maxlen=1)
             with contextlib.suppress(FileNotFoundError):
-                tail.extend(iter_segment(path, SegmentScan(path)))
+                tail.extend(iter_segment_arrays(path, SegmentScan(path), self._layouts))
             if tail:
                 last = tail[0]
                 break
