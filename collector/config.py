@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from tailsight.collector.cgroups import normalize
 from tailsight.collector.store import group_id
 
 DEFAULT_ADDRESS: Final = "127.0.0.1"
@@ -42,6 +43,15 @@ class CollectorConfig:
     retention_max_bytes: int | None = None
     record_group: str | None = None  # group that may read the recording (0640/0750)
     cgroup_root: Path | None = None
+    # serve --cgroup-root: only this cgroup subtree is exported (one agent per "host" subtree).
+    cgroup_subtree: str = "/"
+    # Kubernetes: namespace/pod/container labels beside cgroup (collector/pods.py); pod names
+    # from a PodList URL (the kubelet's /pods or the API server's), else pod UIDs.
+    pod_labels: bool = False
+    kubelet_url: str | None = None
+    kubelet_token_file: Path | None = None
+    kubelet_ca_file: Path | None = None
+    kubelet_insecure_tls: bool = False
     proc_root: Path = field(default=Path("/proc"))
 
     def __post_init__(self) -> None:
@@ -58,11 +68,17 @@ class CollectorConfig:
         group_id(self.record_group)  # ValueError for a group that does not exist
         if any(w <= 0 for w in self.quantile_windows_s):
             raise ValueError(f"quantile windows must be > 0 s, got {self.quantile_windows_s}")
+        normalize(self.cgroup_subtree)  # ValueError for "." or ".." in the path
         for pattern in self.cgroup_allow:
             try:
                 re.compile(pattern)
             except re.error as error:
                 raise ValueError(f"bad cgroup regex {pattern!r}: {error}") from error
+        if self.kubelet_url is not None:
+            if not self.pod_labels:
+                raise ValueError("--kubelet-url names pods for --pod-labels: add --pod-labels")
+            if not self.kubelet_url.startswith(("http://", "https://")):
+                raise ValueError(f"kubelet URL {self.kubelet_url!r} is not http(s)://")
         if self.retention_max_age_s is not None and self.retention_max_age_s <= 0:
             raise ValueError("retention_max_age_s must be > 0")
         if self.retention_max_bytes is not None and self.retention_max_bytes <= 0:

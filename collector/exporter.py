@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.collector.config import CollectorConfig
+from tailsight.collector.pods import PodLabeler
 from tailsight.hist import (
     LINEAR_LIMIT_NS,
     NUM_BUCKETS,
@@ -215,8 +216,13 @@ class PrometheusExporter:
     ``update`` (agent thread) and ``collect`` (HTTP threads) may run concurrently.
     """
 
-    def __init__(self, config: CollectorConfig | None = None) -> None:
+    def __init__(
+        self, config: CollectorConfig | None = None, pods: PodLabeler | None = None
+    ) -> None:
         self.config = config or CollectorConfig()
+        # namespace/pod/container beside each cgroup label (serve --pod-labels), added when a
+        # family is rendered: the series' state stays keyed by cgroup path alone.
+        self.pods = pods
         self._allow = [re.compile(p) for p in self.config.cgroup_allow]
         self._lock = threading.Lock()
         self._windows: dict[str, _Window] = {
@@ -257,6 +263,9 @@ class PrometheusExporter:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
         sparse = {_key(s.labels): _Sparse.of(s.hist) for s in document.series}
+        if self.pods is not None:  # outside the lock: this may ask the kubelet
+            labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
+            self.pods.observe({v for labels in labelled for v in _cgroups(labels)})
         with self._lock:
             self._rank(document, sparse)
             for s in document.series:
@@ -351,6 +360,16 @@ class PrometheusExporter:
             folded[name] = value
         return folded
 
+    def _with_pods(self, labels: LabelKey) -> LabelKey:
+        """``labels`` and the pod labels of its cgroups (``victim_pod`` for ``victim``, ...)."""
+        if self.pods is None:
+            return labels
+        extra: list[tuple[str, str]] = []
+        for name, value in labels:
+            if name in CGROUP_LABELS and value not in FIXED_CGROUP_NAMES:
+                extra += self.pods.labels(value, "" if name == "cgroup" else f"{name}_")
+        return tuple(sorted((*labels, *extra))) if extra else labels
+
     def kept_cgroups(self, probe: str) -> set[str]:
         """Cgroups of a probe that currently have their own label."""
         with self._lock:
@@ -374,7 +393,7 @@ class PrometheusExporter:
         les = [("le", le) for le in (*(repr(b / 1e9) for b in COARSE_BOUNDS_NS), "+Inf")]
         grouped: dict[str, list[tuple[LabelKey, _Cumulative]]] = {}
         for (base, labels), slot in sorted(self._cumulative.items()):
-            grouped.setdefault(base, []).append((labels, slot))
+            grouped.setdefault(base, []).append((self._with_pods(labels), slot))
         out: list[Family] = []
         for base, entries in grouped.items():
             name = f"{base}_seconds"
@@ -428,7 +447,7 @@ class PrometheusExporter:
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
         for base, series in sorted(grouped.items()):
-            names = _label_names(series)
+            names = _label_names(self._with_pods(key) for key in series)
             family = Family(
                 f"{base}_quantile_seconds",
                 "gauge",
@@ -438,7 +457,7 @@ class PrometheusExporter:
                 values_ns = _quantiles_ns(members, QUANTILES)
                 if values_ns is None:
                     continue
-                pairs = _pairs(label_key, names)
+                pairs = _pairs(self._with_pods(label_key), names)
                 family.samples += [
                     (family.name, pairs, q_label, value_ns / 1e9)
                     for q_label, value_ns in zip(quantile_labels, values_ns, strict=True)
@@ -449,7 +468,7 @@ class PrometheusExporter:
     def _counter_families(self) -> list[Family]:
         grouped: dict[str, list[tuple[LabelKey, float, int]]] = {}
         for (name, labels), (scale, total) in sorted(self._counters.items()):
-            grouped.setdefault(name, []).append((labels, scale, total))
+            grouped.setdefault(name, []).append((self._with_pods(labels), scale, total))
         out: list[Family] = []
         for name, entries in grouped.items():
             names = _label_names(labels for labels, _, _ in entries)
@@ -708,6 +727,10 @@ def _nonzero(part: _Sparse | Histogram) -> tuple[npt.NDArray[np.int64], npt.NDAr
 
 def _what_label(labels: Mapping[str, str]) -> str | None:
     return next((name for name in WHAT_LABELS if labels.get(name)), None)
+
+
+def _cgroups(labels: Mapping[str, str]) -> list[str]:
+    return [labels[name] for name in CGROUP_LABELS if name in labels]
 
 
 def _subject(labels: Mapping[str, str]) -> str | None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tailsight.collector.agent import Agent
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.endpoint import MetricsServer
+    from tailsight.collector.pods import PodLabeler
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -77,11 +78,29 @@ def build_agent(config: CollectorConfig, log: Callable[[str], None], export: boo
             if not export:  # `record`: the recording is the point, its caller says why not
                 raise
             failed = error
-    exporter = PrometheusExporter(config) if export else None
+    exporter = PrometheusExporter(config, pods=pod_labeler(config, log)) if export else None
     agent = Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
     if failed is not None:
         agent.stop_recording(failed)  # serving without the recording beats not serving
     return agent
+
+
+def pod_labeler(config: CollectorConfig, log: Callable[[str], None]) -> PodLabeler | None:
+    """The exporter's pod labels for ``--pod-labels`` (names from ``--kubelet-url``)."""
+    from tailsight.collector.pods import PodDirectory, PodLabeler
+
+    if not config.pod_labels:
+        return None
+    directory = None
+    if config.kubelet_url is not None:
+        directory = PodDirectory(
+            config.kubelet_url,
+            token_file=config.kubelet_token_file,
+            ca_file=config.kubelet_ca_file,
+            insecure_tls=config.kubelet_insecure_tls,
+            log=log,
+        )
+    return PodLabeler(directory)
 
 
 def is_loopback(address: str) -> bool:
@@ -210,6 +229,13 @@ def serve(
     top_k: Annotated[
         int, typer.Option("--top-k", min=0, help="Busiest cgroups labelled; the rest = other.")
     ] = 20,
+    cgroup_root: Annotated[
+        str,
+        typer.Option(
+            "--cgroup-root",
+            help="Export only this cgroup and its descendants (path under the cgroup2 mount).",
+        ),
+    ] = "/",
     window: Annotated[
         list[float] | None,
         typer.Option("--window", min=0.1, help="Quantile window in seconds (repeatable)."),
@@ -232,6 +258,31 @@ def serve(
     duration: Annotated[
         float | None, typer.Option("--duration", min=0.0, help="Stop after S seconds.")
     ] = None,
+    pod_labels: Annotated[
+        bool,
+        typer.Option("--pod-labels", help="Kubernetes: namespace/pod/container labels too."),
+    ] = False,
+    kubelet_url: Annotated[
+        str | None,
+        typer.Option(
+            "--kubelet-url",
+            help="PodList URL naming pods for --pod-labels (https://NODE:10250/pods, or the "
+            "API server's /api/v1/pods?fieldSelector=spec.nodeName=NODE); default: pod UIDs.",
+        ),
+    ] = None,
+    kubelet_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubelet-token-file", exists=True, help="Bearer token file (re-read each fetch)."
+        ),
+    ] = None,
+    kubelet_ca: Annotated[
+        Path | None, typer.Option("--kubelet-ca", exists=True, help="CA bundle for its TLS.")
+    ] = None,
+    kubelet_insecure_tls: Annotated[
+        bool,
+        typer.Option("--kubelet-insecure-tls", help="Skip TLS verification (self-signed)."),
+    ] = False,
 ) -> None:
     """Serve per-cgroup latency histograms to Prometheus until SIGTERM / Ctrl-C."""
     from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
@@ -258,19 +309,40 @@ def serve(
             quantile_windows_s=tuple(window or (DEFAULT_WINDOW_S,)),
             cgroup_allow=tuple(cgroup_allow or ()),
             top_k=top_k,
+            cgroup_subtree=cgroup_root,
             record_dir=record,
             retention_max_age_s=retention_age,
             retention_max_bytes=retention_bytes,
             record_group=record_group,
+            pod_labels=pod_labels,
+            kubelet_url=kubelet_url,
+            kubelet_token_file=kubelet_token_file,
+            kubelet_ca_file=kubelet_ca,
+            kubelet_insecure_tls=kubelet_insecure_tls,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
     _check_probes(config)
+    _check_subtree(config)
     stop = threading.Event()
     with stop_on_signals(stop):
         agent = run_serve(config, stop, duration)
     if not agent.started:
         raise typer.Exit(1)
+
+
+def _check_subtree(config: CollectorConfig) -> None:
+    """``--cgroup-root`` must name a cgroup that exists (exit 2 before anything is attached)."""
+    from tailsight.collector.cgroups import normalize
+    from tailsight.probes.features import find_cgroup2_mount
+
+    if config.cgroup_subtree == "/":
+        return
+    mount = config.cgroup_root or find_cgroup2_mount()
+    if not (mount / normalize(config.cgroup_subtree).lstrip("/")).is_dir():
+        raise typer.BadParameter(
+            f"no cgroup {config.cgroup_subtree} under {mount}", param_hint="--cgroup-root"
+        )
 
 
 def _check_probes(config: CollectorConfig) -> None:
