@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tailsight.collector.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
@@ -151,7 +152,8 @@ class Agent:
                 entry.previous = now
                 continue
             entry.previous = now
-            part = interval.to_document(document.start_ns, self.resolver.resolve_many)
+            keep = None if self.config.cgroup_subtree == "/" else self._keep
+            part = interval.to_document(document.start_ns, self.resolver.resolve_many, keep)
             document.series.extend(part.series)
             document.counters.extend(part.counters)
             document.end_ns = max(document.end_ns, part.end_ns)
@@ -184,6 +186,10 @@ class Agent:
         if failed is not None:
             raise failed
         return document
+
+    def _keep(self, cgroup: str) -> bool:
+        """Whether a series of this cgroup is exported: it lies in ``--cgroup-root``."""
+        return is_within(cgroup, self.config.cgroup_subtree)
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
         """Tick every interval on a fixed schedule until ``stop`` is set or the duration ends;

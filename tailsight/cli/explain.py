@@ -1,5 +1,6 @@
-"""``tailsight explain RECORDING``: the tail jumps of a recording and their ranked causes, as plain
-text (80 columns), JSON, or a self-contained HTML report.
+"""``tailsight explain RECORDING`` (or ``--prometheus URL``): the tail jumps of a recording, or of
+the series a Prometheus holds, and their ranked causes, as plain text (80 columns), JSON, or a
+self-contained HTML report.
 
 Exit status: 0 (whether or not jumps were found), 2 usage or input error.
 """
@@ -13,16 +14,28 @@ from typing import Annotated
 
 import typer
 
+from tailsight.cli.promread import (
+    BasicAuthOption,
+    BearerTokenFileOption,
+    CaFileOption,
+    InsecureOption,
+    PrometheusOption,
+    StepOption,
+)
 from tailsight.cli.record import SinceOption, UntilOption
 
 
 def explain(
-    recording: Annotated[Path, typer.Argument(help="Recording directory (tailsight record).")],
+    recording: Annotated[
+        Path | None, typer.Argument(help="Recording directory (tailsight record).")
+    ] = None,
     since: SinceOption = None,
     until: UntilOption = None,
     series: Annotated[
         str | None,
-        typer.Option("--series", help="Only series with these labels, e.g. probe=runqueue."),
+        typer.Option(
+            "--series", "--selector", help="Only series with these labels, e.g. probe=runqueue."
+        ),
     ] = None,
     quantiles: Annotated[
         str, typer.Option("--quantiles", help="Tail quantiles to test, e.g. 0.99,0.999.")
@@ -35,6 +48,12 @@ def explain(
         bool, typer.Option("--falls", help="Also list tails that got faster (no causes).")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    prometheus: PrometheusOption = None,
+    step: StepOption = None,
+    basic_auth: BasicAuthOption = None,
+    bearer_token_file: BearerTokenFileOption = None,
+    ca_file: CaFileOption = None,
+    insecure_skip_verify: InsecureOption = False,
 ) -> None:
     """Find tail rises, group them into incidents and explain each: when, what rose, by how much,
     the most likely cause across probes, then the per-series detail."""
@@ -48,14 +67,35 @@ def explain(
         qs = tuple(parse_quantiles(quantiles))
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    try:
-        store = Recording(recording)
-        documents = store.documents()
-    except FileNotFoundError as error:
-        raise typer.BadParameter(str(error), param_hint="RECORDING") from error
-    except OSError as error:
-        cannot_read(recording, error)
-    if documents and (since is not None or until is not None):
+    if (recording is None) == (prometheus is None):
+        raise typer.BadParameter("give a RECORDING or --prometheus URL (one of them)")
+    store: Recording | None = None
+    if prometheus is not None:
+        from tailsight.cli.promread import read_prometheus
+
+        documents = read_prometheus(
+            prometheus,
+            since,
+            until,
+            step,
+            basic_auth,
+            bearer_token_file,
+            ca_file,
+            insecure_skip_verify,
+            selector,
+        )
+        source_name = prometheus
+    else:
+        assert recording is not None
+        source_name = recording.name
+        try:
+            store = Recording(recording)
+            documents = store.documents()
+        except FileNotFoundError as error:
+            raise typer.BadParameter(str(error), param_hint="RECORDING") from error
+        except OSError as error:
+            cannot_read(recording, error)
+    if store is not None and documents and (since is not None or until is not None):
         first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
         since_ns = None if since is None else parse_time(since, first_ns, last_ns)
         until_ns = None if until is None else parse_time(until, first_ns, last_ns)
@@ -74,11 +114,12 @@ def explain(
     else:
         sys.stdout.write(report.render_text())
     sys.stdout.flush()
-    report_problems(store)
+    if store is not None:
+        report_problems(store)
     if html is not None:
         from tailsight.analysis.report_html import render_html, write_report
 
-        page = render_html(report, documents, title=f"tailsight explain {recording.name}")
+        page = render_html(report, documents, title=f"tailsight explain {source_name}")
         try:
             write_report(html, page)
         except OSError as error:

@@ -18,6 +18,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import typer
 
+from tailsight.cli.promread import (
+    BasicAuthOption,
+    BearerTokenFileOption,
+    CaFileOption,
+    InsecureOption,
+    PrometheusOption,
+    StepOption,
+)
+
 if TYPE_CHECKING:
     from tailsight.collector.store import Recording
     from tailsight.histfile import HistDocument
@@ -279,14 +288,55 @@ def render(summary: dict[str, Any]) -> None:
 
 
 def show(
-    directory: Annotated[Path, typer.Argument(help="Recording directory.")],
+    directory: Annotated[Path | None, typer.Argument(help="Recording directory.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON, no table.")] = False,
     since: SinceOption = None,
     until: UntilOption = None,
+    prometheus: PrometheusOption = None,
+    selector: Annotated[
+        str | None,
+        typer.Option("--selector", help="--prometheus: only series with these labels (a=b,...)."),
+    ] = None,
+    step: StepOption = None,
+    basic_auth: BasicAuthOption = None,
+    bearer_token_file: BearerTokenFileOption = None,
+    ca_file: CaFileOption = None,
+    insecure_skip_verify: InsecureOption = False,
 ) -> None:
-    """Summarize a recording: quantiles over time per probe and cgroup."""
+    """Summarize a recording, or what a Prometheus holds (--prometheus): quantiles over time per
+    probe and cgroup."""
     from tailsight.collector.store import Recording
 
+    if (directory is None) == (prometheus is None):
+        raise typer.BadParameter("give a recording DIR or --prometheus URL (one of them)")
+    if prometheus is not None:
+        from tailsight.analysis.quantiles import matches, parse_selector
+        from tailsight.cli.promread import read_prometheus
+
+        try:
+            wanted = parse_selector(selector)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--selector") from error
+        read = read_prometheus(
+            prometheus,
+            since,
+            until,
+            step,
+            basic_auth,
+            bearer_token_file,
+            ca_file,
+            insecure_skip_verify,
+            wanted,
+        )
+        for document in read:
+            document.series = [s for s in document.series if matches(s.labels, wanted)]
+        from_prometheus = summarize(read)
+        if json_output:
+            sys.stdout.write(json.dumps(from_prometheus, indent=1) + "\n")
+        else:
+            render(from_prometheus)
+        return
+    assert directory is not None
     try:
         recording = Recording(directory)
         since_ns = until_ns = None
