@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Final
 
 from tailsight.collector.cgroups import normalize
-from tailsight.collector.cgroups import normalize
 from tailsight.collector.store import group_id
 
 DEFAULT_ADDRESS: Final = "127.0.0.1"
@@ -46,8 +45,6 @@ class CollectorConfig:
     cgroup_root: Path | None = None
     # serve --cgroup-root: only this cgroup subtree is exported (one agent per "host" subtree).
     cgroup_subtree: str = "/"
-    # serve --cgroup-root: only this cgroup subtree is exported (one agent per "host" subtree).
-    cgroup_subtree: str = "/"
     # Kubernetes: namespace/pod/container labels beside cgroup (collector/pods.py); pod names
     # from a PodList URL (the kubelet's /pods or the API server's), else pod UIDs.
     pod_labels: bool = False
@@ -71,7 +68,6 @@ class CollectorConfig:
         group_id(self.record_group)  # ValueError for a group that does not exist
         if any(w <= 0 for w in self.quantile_windows_s):
             raise ValueError(f"quantile windows must be > 0 s, got {self.quantile_windows_s}")
-        normalize(self.cgroup_subtree)  # ValueError for "." or ".." in the path
         normalize(self.cgroup_subtree)  # ValueError for "." or ".." in the path
         for pattern in self.cgroup_allow:
             try:

@@ -236,13 +236,6 @@ def serve(
             help="Export only this cgroup and its descendants (path under the cgroup2 mount).",
         ),
     ] = "/",
-    cgroup_root: Annotated[
-        str,
-        typer.Option(
-            "--cgroup-root",
-            help="Export only this cgroup and its descendants (path under the cgroup2 mount).",
-        ),
-    ] = "/",
     window: Annotated[
         list[float] | None,
         typer.Option("--window", min=0.1, help="Quantile window in seconds (repeatable)."),
@@ -336,20 +329,6 @@ def serve(
         agent = run_serve(config, stop, duration)
     if not agent.started:
         raise typer.Exit(1)
-
-
-def _check_subtree(config: CollectorConfig) -> None:
-    """``--cgroup-root`` must name a cgroup that exists (exit 2 before anything is attached)."""
-    from tailsight.collector.cgroups import normalize
-    from tailsight.probes.features import find_cgroup2_mount
-
-    if config.cgroup_subtree == "/":
-        return
-    mount = config.cgroup_root or find_cgroup2_mount()
-    if not (mount / normalize(config.cgroup_subtree).lstrip("/")).is_dir():
-        raise typer.BadParameter(
-            f"no cgroup {config.cgroup_subtree} under {mount}", param_hint="--cgroup-root"
-        )
 
 
 def _check_subtree(config: CollectorConfig) -> None:
