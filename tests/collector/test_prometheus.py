@@ -6,19 +6,14 @@ counters agree exactly, and 200 short-lived cgroups do not grow the series count
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -31,78 +26,11 @@ from tailsight.collector.exporter import COARSE_BOUNDS_NS
 from tailsight.collector.store import Recording
 from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
 from tailsight.workload import Task, Workload, contention, default_cpu, private_base
+from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 
-PROMETHEUS = "/usr/bin/prometheus"
 K = 4
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Prometheus:
-    url: str
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        query = urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=10) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
-
-    def scalar(self, expr: str) -> float:
-        result = self.query(expr)
-        assert len(result) == 1, (expr, result)
-        return float(result[0]["value"][1])
-
-
-@contextlib.contextmanager
-def prometheus_scraping(target_port: int, tmp_path: Path) -> Iterator[Prometheus]:
-    """A real Prometheus on a free loopback port, scraping the target every second."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
-        "scrape_configs:\n  - job_name: tailsight\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        prometheus = Prometheus(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "prometheus exited"
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2),
-            ):
-                break
-            assert time.monotonic() < deadline, "prometheus not ready after 60 s"
-            time.sleep(0.2)
-        yield prometheus
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -170,7 +98,7 @@ def test_prometheus_agrees_with_the_recording(kernel_ready: None, tmp_path: Path
     )
     with (
         collector(config) as running,
-        prometheus_scraping(port, tmp_path) as prometheus,
+        prometheus_scraping({"tailsight": [f"127.0.0.1:{port}"]}, tmp_path) as prometheus,
         contention(base=base) as workload,
     ):
         time.sleep(5)
@@ -269,7 +197,7 @@ def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Pa
     seen_cgroups: set[str] = set()
     with (
         collector(config) as running,
-        prometheus_scraping(port, tmp_path) as prometheus,
+        prometheus_scraping({"tailsight": [f"127.0.0.1:{port}"]}, tmp_path) as prometheus,
         steady,
     ):
         wait_for_scrape_of(prometheus, running.agent, final=False)

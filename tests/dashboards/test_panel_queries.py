@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dashboard_prometheus import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 from dashboard_queries import QUOTED, expressions
 from dashboard_scenario import every_probe
 
@@ -31,6 +30,7 @@ from tailsight.dashboards import metrics as m
 from tailsight.dashboards.generate import BUILDERS, render
 from tailsight.trading_core.timing import STAGES, StageTimer, replay_labels
 from tailsight.workload import private_base
+from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
@@ -131,7 +131,10 @@ def test_every_panel_query_against_a_real_prometheus(kernel_ready: None, tmp_pat
     try:
         _wait_ready(f"http://127.0.0.1:{serve_port}/metrics", serve)
         feeder.start()
-        targets = {"tailsight": serve_port, "trading": trading_port}
+        targets = {
+            "tailsight": [f"127.0.0.1:{serve_port}"],
+            "trading": [f"127.0.0.1:{trading_port}"],
+        }
         with (
             prometheus_scraping(targets, tmp_path, SCRAPE_S) as prometheus,
             every_probe(base) as workload,
