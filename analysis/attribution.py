@@ -20,7 +20,7 @@ independently with replacement (seeded, so a report is reproducible).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,6 +37,21 @@ DEFAULT_BOOTSTRAP: Final = 400
 DEFAULT_LEVEL: Final = 0.95
 
 FloatArray = npt.NDArray[np.float64]
+CounterRows = Mapping[tuple[str, LabelKey], FloatArray]
+"""Counters per interval: ``(name, labels)`` -> one value per interval of the range."""
+
+
+def counter_rows(
+    documents: Sequence[HistDocument], wanted: Callable[[str], bool] | None = None
+) -> dict[tuple[str, LabelKey], FloatArray]:
+    """The counters of ``documents`` (those ``wanted`` names) as :data:`CounterRows`."""
+    rows: dict[tuple[str, LabelKey], FloatArray] = {}
+    for t, document in enumerate(documents):
+        for counter in document.counters:
+            if wanted is None or wanted(counter.name):
+                key = (counter.name, tuple(sorted(counter.labels.items())))
+                rows.setdefault(key, np.zeros(len(documents)))[t] += counter.value
+    return rows
 
 
 @dataclass(frozen=True)
@@ -273,8 +288,32 @@ def decompose_tail(
     counts = [np.asarray(sources[k]) for k in keys]
     tail = np.stack([c[:, threshold_index + 1 :].sum(axis=1) for c in counts], axis=1)
     volume = np.stack([c.sum(axis=1) for c in counts], axis=1)
-    tail = tail.astype(np.float64)
-    volume = volume.astype(np.float64)
+    return decompose_rows(
+        keys,
+        tail.astype(np.float64),
+        volume.astype(np.float64),
+        windows,
+        threshold_ns,
+        n_boot,
+        seed,
+        level,
+    )
+
+
+def decompose_rows(
+    keys: Sequence[LabelKey],
+    tail: FloatArray,
+    volume: FloatArray,
+    windows: Windows,
+    threshold_ns: float = math.nan,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    level: float = DEFAULT_LEVEL,
+) -> TailDecomposition:
+    """:func:`decompose_tail` from tail events and events per interval, ``[intervals, sources]``
+    (what a streamed range keeps instead of every source's histograms)."""
+    if not keys:
+        raise ValueError("no sources to decompose")
     b, a = windows.before, windows.after
 
     vol, rate = kitagawa(tail[b].mean(0), volume[b].mean(0), tail[a].mean(0), volume[a].mean(0))
@@ -407,24 +446,38 @@ def displaced_by(
     level: float = DEFAULT_LEVEL,
 ) -> Displacement | None:
     """Split the victim's excess displaced run-queue wait by aggressor; None without data."""
+    rows = counter_rows(documents, lambda name: name in (DISPLACED_WAIT, DISPLACED_SWITCHES))
+    return displaced_by_rows(rows, len(documents), victim, windows, n_boot, seed, level)
+
+
+def displaced_by_rows(
+    rows: CounterRows,
+    intervals: int,
+    victim: str,
+    windows: Windows,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    level: float = DEFAULT_LEVEL,
+) -> Displacement | None:
+    """:func:`displaced_by` from the range's counter rows."""
     waits: dict[str, npt.NDArray[np.float64]] = {}
     switches: dict[str, npt.NDArray[np.float64]] = {}
-    for t, document in enumerate(documents):
-        for counter in document.counters:
-            if counter.name not in (DISPLACED_WAIT, DISPLACED_SWITCHES):
-                continue
-            if counter.labels.get("victim") != victim:
-                continue
-            aggressor = counter.labels.get("aggressor", "?")
-            table = waits if counter.name == DISPLACED_WAIT else switches
-            row = table.setdefault(aggressor, np.zeros(len(documents)))
-            row[t] += counter.value
+    for (name, key), values in rows.items():
+        if name not in (DISPLACED_WAIT, DISPLACED_SWITCHES):
+            continue
+        labels = dict(key)
+        if labels.get("victim") != victim:
+            continue
+        aggressor = labels.get("aggressor", "?")
+        table = waits if name == DISPLACED_WAIT else switches
+        row = table.setdefault(aggressor, np.zeros(intervals))
+        row += values
     names = sorted(waits)
     if not names:
         return None
     matrix = np.stack([waits[n] for n in names], axis=1)
     split = excess_shares(matrix, windows, n_boot, seed, level)
-    zeros = np.zeros(len(documents))
+    zeros = np.zeros(intervals)
     switch_rows = np.stack([switches.get(n, zeros) for n in names], axis=1)
     sw_before = switch_rows[windows.before].mean(axis=0)
     sw_after = switch_rows[windows.after].mean(axis=0)
@@ -514,25 +567,38 @@ def stack_shifts(
 ) -> list[StackShift]:
     """Outlier stacks of ``probe`` (and ``cgroups``) ranked by extra events per interval,
     discoveries (BH at ``fdr`` over the one-sided rate-increase tests) first."""
+    counters = counter_rows(documents, lambda name: name.endswith(OUTLIER_EVENTS_SUFFIX))
+    return stack_shifts_rows(
+        counters, len(documents), windows, probe, cgroups, fdr, n_boot, seed, level
+    )
+
+
+def stack_shifts_rows(
+    counters: CounterRows,
+    intervals: int,
+    windows: Windows,
+    probe: str | None = None,
+    cgroups: Sequence[str] | None = None,
+    fdr: float = 0.05,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    level: float = DEFAULT_LEVEL,
+) -> list[StackShift]:
+    """:func:`stack_shifts` from the range's counter rows."""
     rows: dict[tuple[str, str, str, str], npt.NDArray[np.float64]] = {}
-    for t, document in enumerate(documents):
-        for counter in document.counters:
-            if not counter.name.endswith(OUTLIER_EVENTS_SUFFIX):
-                continue
-            name = counter.labels.get("probe", counter.name.removesuffix(OUTLIER_EVENTS_SUFFIX))
-            cgroup = counter.labels.get("cgroup", "?")
-            if probe is not None and name != probe:
-                continue
-            if cgroups is not None and cgroup not in cgroups:
-                continue
-            key = (
-                name,
-                cgroup,
-                counter.labels.get("kernel_stack", ""),
-                counter.labels.get("user_stack", ""),
-            )
-            row = rows.setdefault(key, np.zeros(len(documents)))
-            row[t] += counter.value
+    for (counter_name, key), values in counters.items():
+        if not counter_name.endswith(OUTLIER_EVENTS_SUFFIX):
+            continue
+        labels = dict(key)
+        name = labels.get("probe", counter_name.removesuffix(OUTLIER_EVENTS_SUFFIX))
+        cgroup = labels.get("cgroup", "?")
+        if probe is not None and name != probe:
+            continue
+        if cgroups is not None and cgroup not in cgroups:
+            continue
+        stack = (name, cgroup, labels.get("kernel_stack", ""), labels.get("user_stack", ""))
+        row = rows.setdefault(stack, np.zeros(intervals))
+        row += values
     if not rows:
         return []
     keys = sorted(rows)

@@ -29,7 +29,12 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.analysis.attribution import Windows, rate_increase_p_value
+from tailsight.analysis.attribution import (
+    CounterRows,
+    Windows,
+    counter_rows,
+    rate_increase_p_value,
+)
 from tailsight.analysis.jumps import benjamini_hochberg
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
@@ -165,22 +170,30 @@ class CounterTable:
 
     @classmethod
     def of(cls, documents: Sequence[HistDocument]) -> CounterTable:
-        wanted = set(COUNTER_CAUSES) | {DISPLACED_WAIT}
-        rows: dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]] = {}
+        rows = counter_rows(documents, wanted_counter)
         for t, document in enumerate(documents):
-            for counter in document.counters:
-                if counter.name not in wanted:
-                    continue
-                labels = tuple(sorted((k, v) for k, v in counter.labels.items() if k != "probe"))
-                row = rows.setdefault((counter.name, labels), np.zeros(len(documents)))
-                row[t] += counter.value
             for series in document.series:
-                if series.labels.get("probe") != "netsyscall":
-                    continue
-                labels = tuple(sorted((k, v) for k, v in series.labels.items() if k != "probe"))
-                row = rows.setdefault((CALLS, labels), np.zeros(len(documents)))
-                row[t] += series.hist.count
+                if series.labels.get("probe") == "netsyscall":
+                    key = (CALLS, tuple(sorted(series.labels.items())))
+                    rows.setdefault(key, np.zeros(len(documents)))[t] += series.hist.count
+        return cls.of_rows(rows)
+
+    @classmethod
+    def of_rows(cls, counters: CounterRows) -> CounterTable:
+        """From a range's counter rows (and :data:`CALLS` rows of the netsyscall series):
+        the wanted ones, summed over probes, in label order."""
+        rows: dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]] = {}
+        for (name, key), values in sorted(counters.items(), key=lambda item: item[0]):
+            if name == CALLS or wanted_counter(name):
+                labels = tuple((k, v) for k, v in key if k != "probe")
+                row = rows.setdefault((name, labels), np.zeros(len(values)))
+                row += values
         return cls(rows)
+
+
+def wanted_counter(name: str) -> bool:
+    """A counter that :func:`find_causes` tests."""
+    return name in COUNTER_CAUSES or name == DISPLACED_WAIT
 
 
 def find_causes(

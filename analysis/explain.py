@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -29,13 +29,23 @@ from tailsight.analysis.attribution import (
     StackShift,
     TailDecomposition,
     Windows,
-    decompose_tail,
-    displaced_by,
-    stack_shifts,
+    decompose_rows,
+    displaced_by_rows,
+    stack_shifts_rows,
 )
 from tailsight.analysis.causes import Cause, CounterTable, find_causes
-from tailsight.analysis.jumps import JumpConfig, OfflineResult, detect_many
+from tailsight.analysis.jumps import (
+    JumpConfig,
+    OfflineResult,
+    TailThreshold,
+    benjamini_hochberg,
+    confirm_change,
+    locate_change,
+    no_change,
+)
 from tailsight.analysis.quantiles import LabelKey, describe, quantile_name, series_arrays
+from tailsight.analysis.stream import RangeStats, Source, view_threshold
+from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
@@ -378,9 +388,7 @@ class Report:
 # -- series views --------------------------------------------------------------------------------
 
 
-def views(
-    leaves: Mapping[LabelKey, npt.NDArray[np.int64]], aggregates: bool = True
-) -> dict[LabelKey, list[LabelKey]]:
+def views(leaves: Iterable[LabelKey], aggregates: bool = True) -> dict[LabelKey, list[LabelKey]]:
     """Every series to test, with the leaf series it sums: each leaf itself and, if
     ``aggregates``, ``{probe, cgroup}`` and ``{probe}`` over the leaves below them."""
     found: dict[LabelKey, list[LabelKey]] = {key: [key] for key in leaves}
@@ -447,33 +455,104 @@ def explain_documents(
     config: ExplainConfig | None = None,
 ) -> Report:
     """Detect tail jumps across the (selected) series of a recording range and attribute each."""
+    return explain_source(Source.of_documents(documents), selector, config)
+
+
+def explain_recording(
+    recording: Recording,
+    selector: Mapping[str, str] | None = None,
+    config: ExplainConfig | None = None,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+) -> Report:
+    """:func:`explain_documents` of the intervals that end after ``since_ns`` and start before
+    ``until_ns``, streamed from the recording (memory: rows per interval, not histograms)."""
+
+    def read() -> Iterator[IntervalArrays]:
+        for interval in recording.iter_intervals(since_ns, until_ns):
+            if (since_ns is None or interval.end_ns > since_ns) and (
+                until_ns is None or interval.start_ns < until_ns
+            ):
+                yield interval
+
+    return explain_source(Source(read, ordered=False), selector, config)
+
+
+def explain_source(
+    source: Source,
+    selector: Mapping[str, str] | None = None,
+    config: ExplainConfig | None = None,
+) -> Report:
+    """The analysis of :func:`explain_documents` in three streaming passes over ``source``
+    (:mod:`tailsight.analysis.stream`): the same tests, thresholds and numbers as on dense
+    arrays of every series and aggregate."""
     config = config or ExplainConfig()
     selector = dict(selector or {})
-    starts, leaves = series_arrays(documents, selector)
-    tested = views(leaves, config.aggregates)
-    arrays = {key: _sum(leaves, children) for key, children in tested.items()}
-    results = detect_many(arrays, config.quantiles, config.jump, config.fdr)
-    best: dict[LabelKey, OfflineResult] = {}
+    stats = RangeStats.read(source, selector)
+    intervals = stats.intervals
+    index = {key: n for n, key in enumerate(stats.leaves)}
+    tested = views(sorted(stats.leaves), config.aggregates)
+    plans: list[tuple[LabelKey, JumpConfig, list[int], TailThreshold | None]] = []
+    for key, children in tested.items():
+        ids = [index[child] for child in children]
+        for q in config.quantiles:
+            threshold = view_threshold(stats, ids, q) if intervals >= 3 else None
+            plans.append((key, replace(config.jump, quantile=q), ids, threshold))
+    edges: dict[int, list[int]] = {}
+    for _, _, ids, threshold in plans:
+        if threshold is not None:
+            for leaf in ids:
+                wanted = edges.setdefault(leaf, [])
+                if threshold.edge_index not in wanted:
+                    wanted.append(threshold.edge_index)
+    tails = stats.tail_events(edges)
+    located = []
+    for key, jump_config, ids, threshold in plans:
+        if threshold is None:
+            located.append(no_change(key, jump_config.quantile))
+            continue
+        exceed = np.sum([tails[(leaf, threshold.edge_index)] for leaf in ids], axis=0)
+        total = stats.volume[:, ids].sum(axis=1)
+        located.append(locate_change(exceed, total, threshold, jump_config, key))
+    found = benjamini_hochberg([r.p_value for r in located], config.fdr)
+    results = [replace(r, discovered=bool(f)) for r, f in zip(located, found, strict=True)]
+    # Only the discoveries need the histograms on each side of their change (pass 3).
+    changes: dict[LabelKey, list[int]] = {}
     for result in results:
+        if result.discovered and result.change_index is not None:
+            changes.setdefault(result.series, []).append(result.change_index)
+    shown_views = list(changes)
+    sides = stats.sides(
+        [([index[c] for c in tested[key]], changes[key]) for key in shown_views], PLOT_QUANTILES
+    )
+    side_of = dict(zip(shown_views, sides, strict=True))
+    for n, (result, (key, jump_config, ids, _)) in enumerate(zip(results, plans, strict=True)):
+        if result.series in side_of and result.discovered and result.change_index is not None:
+            befores = side_of[key][0]
+            before = befores[changes[key].index(result.change_index)]
+            pooled = stats.pooled[ids].sum(axis=0)
+            results[n] = confirm_change(result, before, pooled - before, jump_config)
+    best: dict[LabelKey, tuple[OfflineResult, list[int]]] = {}
+    for result, (_, _, ids, _) in zip(results, plans, strict=True):
         if not (result.discovered and result.confirmed and result.change_index is not None):
             continue
         held = best.get(result.series)
-        if held is None or result.p_value < held.p_value:
-            best[result.series] = result
-    falls = [key for key, result in best.items() if result.direction == "down"]
+        if held is None or result.p_value < held[0].p_value:
+            best[result.series] = (result, ids)
+    falls = [key for key, (result, _) in best.items() if result.direction == "down"]
     if not config.falls:
         for key in falls:
             del best[key]
     jumps = [
-        _explain_one(documents, starts, leaves, tested[key], arrays[key], result, config)
-        for key, result in best.items()
+        _explain_one(stats, tested[key], ids, tails, result, side_of[key][1], config)
+        for key, (result, ids) in best.items()
     ]
-    incidents = find_incidents(jumps, CounterTable.of(documents), len(documents), config)
+    incidents = find_incidents(jumps, CounterTable.of_rows(stats.counters), intervals, config)
     shown = [j for incident in incidents for j in incident.jumps]
     return Report(
-        start_ns=documents[0].start_ns if documents else None,
-        end_ns=documents[-1].end_ns if documents else None,
-        intervals=len(documents),
+        start_ns=int(stats.starts_ns[0]) if intervals else None,
+        end_ns=int(stats.ends_ns[-1]) if intervals else None,
+        intervals=intervals,
         selector=selector,
         tested=len(results),
         jumps=shown,
@@ -606,19 +685,22 @@ def _incident(
 
 
 def _explain_one(
-    documents: Sequence[HistDocument],
-    starts: npt.NDArray[np.int64],
-    leaves: Mapping[LabelKey, npt.NDArray[np.int64]],
+    stats: RangeStats,
     children: list[LabelKey],
-    counts: npt.NDArray[np.int64],
+    ids: list[int],
+    tails: Mapping[tuple[int, int], npt.NDArray[np.float64]],
     result: OfflineResult,
+    plot: list[list[float]],
     config: ExplainConfig,
 ) -> JumpExplanation:
     assert result.change_index is not None
-    windows = Windows.around(result.change_index, len(documents), config.window_intervals)
-    decomposition = decompose_tail(
-        {child: leaves[child] for child in children},
-        bucket_index(int(result.threshold_ns)),
+    intervals = stats.intervals
+    windows = Windows.around(result.change_index, intervals, config.window_intervals)
+    edge = bucket_index(int(result.threshold_ns))
+    decomposition = decompose_rows(
+        children,
+        np.stack([tails[(leaf, edge)] for leaf in ids], axis=1),
+        stats.volume[:, ids],
         windows,
         result.threshold_ns,
         config.n_boot,
@@ -633,11 +715,12 @@ def _explain_one(
         focus = None if top is None else dict(top.source).get("cgroup")
     displacement = None
     if probe == "runqueue" and focus is not None:
-        displacement = displaced_by(
-            documents, focus, windows, config.n_boot, config.seed, config.level
+        displacement = displaced_by_rows(
+            stats.counters, intervals, focus, windows, config.n_boot, config.seed, config.level
         )
-    stacks = stack_shifts(
-        documents,
+    stacks = stack_shifts_rows(
+        stats.counters,
+        intervals,
         windows,
         probe,
         None if focus is None else [focus],
@@ -652,7 +735,7 @@ def _explain_one(
         quantile=result.quantile,
         direction=result.direction or "up",
         change_index=result.change_index,
-        change_start_ns=int(starts[result.change_index]),
+        change_start_ns=int(stats.starts_ns[result.change_index]),
         before_ns=result.before_ns,
         after_ns=result.after_ns,
         p_value=result.p_value,
@@ -660,8 +743,8 @@ def _explain_one(
         decomposition=decomposition,
         displacement=displacement,
         stacks=stacks,
-        starts_ns=[int(s) for s in starts],
-        interval_quantiles_ns=interval_quantiles(counts),
+        starts_ns=[int(s) for s in stats.starts_ns],
+        interval_quantiles_ns=plot,
     )
 
 

@@ -479,44 +479,82 @@ def detect_offline(
     series: LabelKey = (),
 ) -> OfflineResult:
     """Test a whole ``[intervals, NUM_BUCKETS + 1]`` range for one tail change and date it."""
-    from scipy.stats import kstwobign
-
     config = config or JumpConfig()
-    q = config.quantile
     rows = np.asarray(counts, dtype=np.int64)
-    nothing = OfflineResult(
-        series, q, math.nan, None, None, math.nan, math.nan, math.nan, 1.0, math.nan, False
-    )
     if rows.ndim != 2 or rows.shape[0] < 3:
-        return nothing
-    threshold = TailThreshold.from_counts(rows.sum(axis=0), q)
+        return no_change(series, config.quantile)
+    pooled = rows.sum(axis=0)
+    threshold = TailThreshold.from_counts(pooled, config.quantile)
     if threshold is None:
-        return nothing
+        return no_change(series, config.quantile)
     exceed = threshold.exceedances(rows).astype(np.float64)
     total = rows.sum(axis=1).astype(np.float64)
+    located = locate_change(exceed, total, threshold, config, series)
+    if located.change_index is None:
+        return located
+    before = rows[: located.change_index].sum(axis=0)
+    return confirm_change(located, before, pooled - before, config)
+
+
+def no_change(series: LabelKey, q: float) -> OfflineResult:
+    """The result of a range too short or with too few tail events to test."""
+    return OfflineResult(
+        series, q, math.nan, None, None, math.nan, math.nan, math.nan, 1.0, math.nan, False
+    )
+
+
+def locate_change(
+    exceed: npt.NDArray[np.float64],
+    total: npt.NDArray[np.float64],
+    threshold: TailThreshold,
+    config: JumpConfig,
+    series: LabelKey = (),
+) -> OfflineResult:
+    """The test and dating of :func:`detect_offline` from tail events and events per interval
+    above the pooled ``threshold``; before/after quantiles and confirmation are left to
+    :func:`confirm_change` (they need the histograms on each side)."""
+    from scipy.stats import kstwobign
+
+    q = config.quantile
+    if exceed.size < 3 or exceed.sum() < config.min_reference_exceedances:
+        return no_change(series, q)
     events = float(total.sum())
-    if exceed.sum() < config.min_reference_exceedances:
-        return nothing
     rate = float(exceed.sum()) / events
     dispersion = difference_dispersion(exceed, total, rate)
     partial = np.cumsum(exceed - total * rate)[:-1]  # S_k for a split before interval k+1
     k = int(np.argmax(np.abs(partial)))
     scale = math.sqrt(dispersion * rate * (1.0 - rate) * events)
     p_value = float(kstwobign.sf(abs(float(partial[k])) / scale))
-    change = k + 1
-    before, after = rows[:change].sum(axis=0), rows[change:].sum(axis=0)
-    before_ns, after_ns = quantile_of(before, q), quantile_of(after, q)
-    confirm = homogeneity_test(before, after, dispersion)
     return OfflineResult(
         series=series,
         quantile=q,
         p_value=p_value,
-        change_index=change,
+        change_index=k + 1,
         direction="up" if partial[k] < 0 else "down",
-        before_ns=before_ns,
-        after_ns=after_ns,
+        before_ns=math.nan,
+        after_ns=math.nan,
         threshold_ns=threshold.upper_bound_ns,
         dispersion=dispersion,
+        confirm_p_value=math.nan,
+        confirmed=False,
+    )
+
+
+def confirm_change(
+    located: OfflineResult,
+    before: npt.NDArray[np.int64],
+    after: npt.NDArray[np.int64],
+    config: JumpConfig,
+) -> OfflineResult:
+    """A located change with its quantiles on each side and the homogeneity confirmation
+    (``before`` and ``after``: dense counts summed over each side of the change)."""
+    q = config.quantile
+    before_ns, after_ns = quantile_of(before, q), quantile_of(after, q)
+    confirm = homogeneity_test(before, after, located.dispersion)
+    return replace(
+        located,
+        before_ns=before_ns,
+        after_ns=after_ns,
         confirm_p_value=confirm,
         confirmed=_confirmed(before_ns, after_ns, confirm, config),
     )
