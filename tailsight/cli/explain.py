@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from tailsight.cli.promread import (
     StepOption,
 )
 from tailsight.cli.record import SinceOption, UntilOption
+
+if TYPE_CHECKING:
+    from tailsight.collector.store import Recording
 
 
 def explain(
@@ -57,7 +60,7 @@ def explain(
 ) -> None:
     """Find tail rises, group them into incidents and explain each: when, what rose, by how much,
     the most likely cause across probes, then the per-series detail."""
-    from tailsight.analysis.explain import ExplainConfig, explain_documents
+    from tailsight.analysis.explain import ExplainConfig, explain_documents, explain_recording
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
     from tailsight.cli.record import cannot_read, parse_time, report_problems
     from tailsight.collector.store import Recording
@@ -70,6 +73,8 @@ def explain(
     if (recording is None) == (prometheus is None):
         raise typer.BadParameter("give a RECORDING or --prometheus URL (one of them)")
     store: Recording | None = None
+    config = ExplainConfig(quantiles=qs, seed=seed, falls=falls)
+    since_ns = until_ns = None
     if prometheus is not None:
         from tailsight.cli.promread import read_prometheus
 
@@ -88,26 +93,19 @@ def explain(
     else:
         assert recording is not None
         source_name = recording.name
-        try:
+        try:  # streamed: a recording's histograms never all sit in memory at once
             store = Recording(recording)
-            documents = store.documents()
+            bounds = _bounds(store) if since is not None or until is not None else None
+            if bounds is not None:
+                since_ns = None if since is None else parse_time(since, *bounds)
+                until_ns = None if until is None else parse_time(until, *bounds)
+            report = explain_recording(store, selector, config, since_ns, until_ns)
         except FileNotFoundError as error:
             raise typer.BadParameter(str(error), param_hint="RECORDING") from error
         except OSError as error:
             cannot_read(recording, error)
-    if store is not None and documents and (since is not None or until is not None):
-        first_ns, last_ns = documents[0].start_ns, documents[-1].end_ns
-        since_ns = None if since is None else parse_time(since, first_ns, last_ns)
-        until_ns = None if until is None else parse_time(until, first_ns, last_ns)
-        documents = [
-            d
-            for d in documents
-            if (since_ns is None or d.end_ns > since_ns)
-            and (until_ns is None or d.start_ns < until_ns)
-        ]
-    report = explain_documents(
-        documents, selector, ExplainConfig(quantiles=qs, seed=seed, falls=falls)
-    )
+    if prometheus is not None:
+        report = explain_documents(documents, selector, config)
     # The report goes out first: a bad --html path must not cost the reader the analysis.
     if json_output:
         sys.stdout.write(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
@@ -119,6 +117,13 @@ def explain(
     if html is not None:
         from tailsight.analysis.report_html import render_html, write_report
 
+        if store is not None:  # the heatmaps need the histograms: only this reads them all
+            documents = [
+                d
+                for d in store.documents()
+                if (since_ns is None or d.end_ns > since_ns)
+                and (until_ns is None or d.start_ns < until_ns)
+            ]
         page = render_html(report, documents, title=f"tailsight explain {source_name}")
         try:
             write_report(html, page)
@@ -128,3 +133,10 @@ def explain(
             raise typer.Exit(2) from None
         if not json_output:
             sys.stdout.write(f"HTML report: {html}\n")
+
+
+def _bounds(store: Recording) -> tuple[int, int] | None:
+    """Start of the first interval and end of the last, in (start, end) order: what relative
+    ``--since``/``--until`` times count from."""
+    keys = [(i.start_ns, i.end_ns) for i in store.iter_intervals()]
+    return (min(keys)[0], max(keys)[1]) if keys else None
