@@ -313,6 +313,7 @@ class FeedHandler:
         self.decode_errors = 0
         self.missing_detected = 0
         self._feed_next = 1  # one past the highest sequence the live feed has carried
+        self._done_ns = 0  # when the latest feed message's handling ended (perf_counter_ns)
         self._readers: dict[int, Callable[[], None]] = {}
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -329,17 +330,14 @@ class FeedHandler:
         """Wait up to ``timeout_ms`` for datagrams, process all that arrived; returns messages."""
         events = self._poll.poll(timeout_ms)
         delivered = 0
-        payloads = self.path.receive()
-        if payloads:
-            received_ns = time.perf_counter_ns()
-            for payload, kernel_ns in payloads:
-                delivered += self._on_datagram(payload, kernel_ns, received_ns, False)
+        for payload, kernel_ns in self.path.receive():
+            delivered += self._on_datagram(payload, kernel_ns, False)
         while True:
             try:
                 payload = self.request_sock.recv(65536)
             except BlockingIOError:
                 break
-            delivered += self._on_datagram(payload, UNSET, time.perf_counter_ns(), True)
+            delivered += self._on_datagram(payload, UNSET, True)
         self._maybe_rerequest()
         for fd, _event in events:
             reader = self._readers.get(fd)
@@ -347,9 +345,7 @@ class FeedHandler:
                 reader()
         return delivered
 
-    def _on_datagram(
-        self, payload: bytes, kernel_ns: int, received_ns: int, retransmission: bool
-    ) -> int:
+    def _on_datagram(self, payload: bytes, kernel_ns: int, retransmission: bool) -> int:
         try:
             packet = decode_packet(payload)
         except ValueError:
@@ -369,26 +365,37 @@ class FeedHandler:
         if not retransmission:
             self._feed_next = max(self._feed_next, packet.next_sequence_number)
         timer, book, on_message = self.timer, self.book, self.on_message
-        capacity = timer.capacity if timer is not None else 0
+        clock, decode, apply = time.perf_counter_ns, itch.decode, book.apply
+        capacity, stamps, ready = (
+            (timer.capacity, timer.stamps, timer.ready_ns) if timer is not None else (0, None, None)
+        )
+        # A message is ready when it has arrived and the one before it is done: the wait behind
+        # earlier messages (same packet, or a backlog) is the ``queue`` stage, not ours.
+        done_ns = self._done_ns
         for sequence, raw in delivery.messages:
             row = sequence - 1
-            timed = timer is not None and row < capacity
+            timed = row < capacity
             if timed:
-                stamps = timer.stamps  # type: ignore[union-attr]
+                assert stamps is not None and ready is not None
+                stamps[row, RECEIVE] = clock()
                 stamps[row, KERNEL_RX] = kernel_ns
-                stamps[row, RECEIVE] = received_ns
+                if kernel_ns != UNSET:
+                    ready[row] = kernel_ns if kernel_ns > done_ns else done_ns
             try:
-                message = itch.decode(raw)
+                message = decode(raw)
             except ValueError:
                 self.decode_errors += 1
+                done_ns = clock()
                 continue
             if timed:
-                stamps[row, DECODE] = time.perf_counter_ns()
-            trade = book.apply(message)
+                stamps[row, DECODE] = clock()  # type: ignore[index]
+            trade = apply(message)
             if timed:
-                stamps[row, BOOK] = time.perf_counter_ns()
+                stamps[row, BOOK] = clock()  # type: ignore[index]
             if on_message is not None:
                 on_message(sequence, message, trade)
+            done_ns = clock()
+        self._done_ns = done_ns
         return len(delivery.messages)
 
     def _maybe_rerequest(self) -> None:

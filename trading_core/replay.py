@@ -508,7 +508,16 @@ class _TradingSide:
             }
             extra = (stage.series({}), stage.counters({})) if stage is not None else ([], [])
             connection.send(
-                ("done", timer.stamps, counters, view, book, complete, feed.path.xdp_mode, extra)
+                (
+                    "done",
+                    (timer.stamps, timer.ready_ns),
+                    counters,
+                    view,
+                    book,
+                    complete,
+                    feed.path.xdp_mode,
+                    extra,
+                )
             )
         finally:
             if stage is not None:
@@ -695,7 +704,7 @@ class ReplaySystem:
     def _result(
         self,
         cfg: ReplayConfig,
-        stamps: npt.NDArray[np.int64],
+        stamps: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
         sent_ns: npt.NDArray[np.int64],
         sources: npt.NDArray[np.int64],
         intended_ns: npt.NDArray[np.int64],
@@ -713,7 +722,8 @@ class ReplaySystem:
         # Rows are published sequences; a message our trading caused has no intended time.
         published_count = len(sources)
         timer = StageTimer(published_count)
-        timer.stamps[:] = stamps[:published_count]
+        timer.stamps[:] = stamps[0][:published_count]
+        timer.ready_ns[:] = stamps[1][:published_count]
         timer.sent_ns[:] = sent_ns[:published_count]
         from_file = sources >= 0
         timer.intended_ns[from_file] = intended_ns[sources[from_file]]

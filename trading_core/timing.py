@@ -5,8 +5,12 @@ kernel's CLOCK_MONOTONIC, which the XDP program's ``bpf_ktime_get_ns`` also read
 column, nothing is allocated on the hot path. A stage's latency is its stamp minus the previous
 stage's. Three end-to-end series:
 
-* ``in_system_tick_to_trade``: the frame's kernel receive stamp to the order's ``send()``: our
-  own latency, what a regression gate should watch;
+* ``in_system_tick_to_trade``: from when the tick could be handled (its frame's kernel receive
+  stamp, or the end of the previous feed message's handling if that came later) to the order's
+  ``send()``: our own latency per triggering message, what a regression gate should watch;
+* ``queue``: the kernel receive stamp to that instant, the wait behind earlier feed messages
+  (those of the same MoldUDP64 packet, or a backlog when the publisher outpaces the handler);
+  real behaviour, so reported as its own stage, and ``in_system_with_queue`` is the sum;
 * ``tick_to_trade``: the tick's *intended* send time to the order's ``send()`` (open loop: a
   stalled publisher or pipeline is charged to every tick it delayed, no coordinated omission);
 * ``publish_lag``: intended to actual send, the exchange simulator's own delay, reported apart.
@@ -29,15 +33,20 @@ from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 
 STAGES: Final = ("kernel_rx", "receive", "decode", "book", "decision", "send", "ack")
-"""Stamp columns in pipeline order: kernel receive, user space has the frame, ITCH decoded,
-book applied, strategy (risk checks included) decided, just before the order's send(), acked."""
+"""Stamp columns in pipeline order: kernel receive, user space starts on the message, ITCH
+decoded, book applied, strategy (risk checks included) decided, just before the order's send(),
+acked. The ``receive`` series runs from the tick's ready time (``StageTimer.ready_ns``)."""
 KERNEL_RX, RECEIVE, DECODE, BOOK, DECISION, SEND, ACK = range(len(STAGES))
 WIRE: Final = "wire"
 """Exchange send() to the kernel receive stamp: the network path (veth, XDP or UDP stack)."""
+QUEUE: Final = "queue"
 IN_SYSTEM: Final = "in_system_tick_to_trade"
+IN_SYSTEM_WITH_QUEUE: Final = "in_system_with_queue"
 TICK_TO_TRADE: Final = "tick_to_trade"
 PUBLISH_LAG: Final = "publish_lag"
-SERIES: Final = (WIRE, *STAGES[1:], IN_SYSTEM, TICK_TO_TRADE, PUBLISH_LAG)
+SERIES: Final = (
+    WIRE, QUEUE, *STAGES[1:], IN_SYSTEM, IN_SYSTEM_WITH_QUEUE, TICK_TO_TRADE, PUBLISH_LAG
+)  # fmt: skip
 """Every series of a run document, as its ``stage`` label."""
 UNSET: Final = -1
 
@@ -63,6 +72,9 @@ class StageTimer:
         self.intended_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         # When the exchange actually sent each tick (same clock, another process), if known.
         self.sent_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
+        # When the handler was free for the tick: max(kernel receive, end of the previous feed
+        # message's handling); UNSET = not known, the kernel receive stamp stands in.
+        self.ready_ns: npt.NDArray[np.int64] = np.full(capacity, UNSET, dtype=np.int64)
         self.stamps: npt.NDArray[np.int64] = np.full((capacity, len(STAGES)), UNSET, np.int64)
 
     def stamp(self, row: int, stage: int, now_ns: int | None = None) -> None:
@@ -72,10 +84,14 @@ class StageTimer:
     def _columns(self) -> dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """Every series as its (start, end) stamp columns, one entry per tick."""
         stamps = self.stamps
-        columns = {WIRE: (self.sent_ns, stamps[:, KERNEL_RX])}
-        for stage in range(RECEIVE, len(STAGES)):
+        kernel_rx = stamps[:, KERNEL_RX]
+        ready = np.where(self.ready_ns != UNSET, self.ready_ns, kernel_rx)
+        columns = {WIRE: (self.sent_ns, kernel_rx), QUEUE: (kernel_rx, self.ready_ns)}
+        columns[STAGES[RECEIVE]] = (ready, stamps[:, RECEIVE])
+        for stage in range(RECEIVE + 1, len(STAGES)):
             columns[STAGES[stage]] = (stamps[:, stage - 1], stamps[:, stage])
-        columns[IN_SYSTEM] = (stamps[:, KERNEL_RX], stamps[:, SEND])
+        columns[IN_SYSTEM] = (ready, stamps[:, SEND])
+        columns[IN_SYSTEM_WITH_QUEUE] = (kernel_rx, stamps[:, SEND])
         columns[TICK_TO_TRADE] = (self.intended_ns, stamps[:, SEND])
         columns[PUBLISH_LAG] = (self.intended_ns, self.sent_ns)
         return columns

@@ -149,3 +149,48 @@ def test_exchange_simulator_feed_builds_the_file_book(topo: Topology, day: Path,
     finally:
         exchange.stop()
         feed.close()
+
+
+@pytest.mark.kernel
+def test_a_message_waiting_behind_an_earlier_one_is_queued_not_in_system(topo: Topology) -> None:
+    """Regression: the second message of a packet was charged the first one's handling in
+    in-system tick-to-trade. A 300 µs first message (busy-waited in the callback, its end
+    stamped here as ground truth) shows up as the second one's ``queue``, not its in-system."""
+    from tailsight.trading_core import itch
+    from tailsight.trading_core.timing import IN_SYSTEM, QUEUE, RECEIVE, StageTimer
+
+    packets = 5
+    messages = [itch.encode(itch.SystemEvent(0, 0, index, "O")) for index in range(2 * packets)]
+    timer = StageTimer(len(messages))
+    handled_until: dict[int, int] = {}
+
+    def on_message(sequence: int, message: object, trade: object) -> None:
+        if sequence % 2 == 1:  # the first message of its packet
+            until = time.perf_counter_ns() + 300_000
+            while time.perf_counter_ns() < until:
+                pass
+        handled_until[sequence] = time.perf_counter_ns()
+
+    with in_netns(topo.exchange_ns):
+        publisher = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    feed = FeedHandler(topo, "udp", timer=timer, on_message=on_message)
+    try:
+        for first in range(1, len(messages), 2):
+            (packet,) = pack_messages(SESSION, first, messages[first - 1 : first + 1])
+            publisher.sendto(packet, (topo.trading_ip, topo.feed_port))
+            deadline = time.monotonic() + 5
+            while len(handled_until) < first + 1 and time.monotonic() < deadline:
+                feed.poll(5)
+        assert len(handled_until) == len(messages)
+        for second in range(2, len(messages) + 1, 2):
+            row = second - 1
+            # Ready once the first was done (our own stamp says when that was), never before.
+            assert timer.ready_ns[row] >= handled_until[second - 1]
+        queue, in_system = timer.latencies_ns(QUEUE), timer.latencies_ns(IN_SYSTEM)
+        assert min(queue[1::2]) >= 300_000, queue
+        assert in_system.size == 0  # no orders here: the per-message spans are what we check
+        receive = timer.stamps[1::2, RECEIVE] - timer.ready_ns[1::2]
+        assert (receive >= 0).all() and (receive < 300_000).all(), receive
+    finally:
+        feed.close()
+        publisher.close()

@@ -10,8 +10,10 @@ from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
 from tailsight.trading_core.timing import (
     IN_SYSTEM,
+    IN_SYSTEM_WITH_QUEUE,
     KERNEL_RX,
     PUBLISH_LAG,
+    QUEUE,
     RECEIVE,
     SEND,
     SERIES,
@@ -24,7 +26,9 @@ from tailsight.trading_core.timing import (
 )
 
 
-def _reference(intended: list[int], sent: list[int], rows: list[list[int]]) -> dict[str, list[int]]:
+def _reference(
+    intended: list[int], sent: list[int], ready: list[int], rows: list[list[int]]
+) -> dict[str, list[int]]:
     """Every series, tick by tick, the obvious way (negative spans included)."""
     spans: dict[str, list[int]] = {name: [] for name in SERIES}
 
@@ -32,11 +36,15 @@ def _reference(intended: list[int], sent: list[int], rows: list[list[int]]) -> d
         if start != UNSET and end != UNSET:
             spans[name].append(end - start)
 
-    for start, sent_at, row in zip(intended, sent, rows, strict=True):
+    for start, sent_at, ready_at, row in zip(intended, sent, ready, rows, strict=True):
+        handled_from = row[KERNEL_RX] if ready_at == UNSET else ready_at
         add(WIRE, sent_at, row[KERNEL_RX])
-        for stage in range(1, len(STAGES)):
+        add(QUEUE, row[KERNEL_RX], ready_at)
+        add(STAGES[RECEIVE], handled_from, row[RECEIVE])
+        for stage in range(RECEIVE + 1, len(STAGES)):
             add(STAGES[stage], row[stage - 1], row[stage])
-        add(IN_SYSTEM, row[KERNEL_RX], row[SEND])
+        add(IN_SYSTEM, handled_from, row[SEND])
+        add(IN_SYSTEM_WITH_QUEUE, row[KERNEL_RX], row[SEND])
         add(TICK_TO_TRADE, start, row[SEND])
         add(PUBLISH_LAG, start, sent_at)
     return spans
@@ -46,27 +54,29 @@ _STAMP = st.one_of(st.just(UNSET), st.integers(0, 10**9))
 
 
 @st.composite
-def _ticks(draw: st.DrawFn) -> tuple[list[int], list[int], list[list[int]]]:
+def _ticks(draw: st.DrawFn) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     count = draw(st.integers(1, 30))
     intended = draw(st.lists(_STAMP, min_size=count, max_size=count))
     sent = draw(st.lists(_STAMP, min_size=count, max_size=count))
+    ready = draw(st.lists(_STAMP, min_size=count, max_size=count))
     rows = [draw(st.lists(_STAMP, min_size=len(STAGES), max_size=len(STAGES))) for _ in intended]
-    return intended, sent, rows
+    return intended, sent, ready, rows
 
 
 @settings(max_examples=80, deadline=None)
 @given(_ticks())
 def test_histograms_and_anomalies_match_per_tick_reference(
-    ticks: tuple[list[int], list[int], list[list[int]]],
+    ticks: tuple[list[int], list[int], list[int], list[list[int]]],
 ) -> None:
     """Arbitrary stamps, out of order included: every non-negative span lands in its series'
     histogram, every negative one is counted in that series' anomalies, nothing raises."""
-    intended, sent, rows = ticks
+    intended, sent, ready, rows = ticks
     timer = StageTimer(len(rows))
     timer.intended_ns[:] = intended
     timer.sent_ns[:] = sent
+    timer.ready_ns[:] = ready
     timer.stamps[:] = rows
-    expected = _reference(intended, sent, rows)
+    expected = _reference(intended, sent, ready, rows)
     histograms, anomalies = timer.histograms()
     assert set(histograms) == set(SERIES)
     for name, spans in expected.items():
@@ -91,12 +101,13 @@ def test_negative_span_is_counted_with_an_example_not_raised() -> None:
     (in_system,) = document.find(stage=IN_SYSTEM)
     assert in_system.hist.count == 2
     assert in_system.hist.sum_ns == 30_000 + 40_000
-    (anomaly,) = [c for c in document.counters if c.name == "clock_anomalies"]
+    anomalies = {c.labels["stage"]: c for c in document.counters if c.name == "clock_anomalies"}
+    assert set(anomalies) == {IN_SYSTEM, IN_SYSTEM_WITH_QUEUE}  # no ready time: the same span
+    anomaly = anomalies[IN_SYSTEM]
     assert anomaly.value == 1
-    assert anomaly.labels["stage"] == IN_SYSTEM
     assert anomaly.labels["example"] == "tick 2: -19379883 ns"
     again = HistDocument.loads(document.dumps())
-    assert [c.value for c in again.counters if c.name == "clock_anomalies"] == [1]
+    assert [c.value for c in again.counters if c.name == "clock_anomalies"] == [1, 1]
 
 
 def test_open_loop_counts_from_intended_time_not_from_arrival_order() -> None:
@@ -141,3 +152,20 @@ def test_document_round_trips_with_labels_and_counters() -> None:
     assert in_system.hist.count == 1
     assert in_system.hist.sum_ns == 6_000 * (SEND + 1) - 6_000 * (KERNEL_RX + 1)
     assert [(c.name, c.value) for c in again.counters] == [("gaps_detected", 3)]
+
+
+def test_wait_behind_earlier_messages_is_the_queue_stage_not_in_system() -> None:
+    """Regression: the second message of a packet was charged the first one's handling (order
+    send included) in in-system tick-to-trade and in "decode" (stamped from the packet's
+    pickup). Now it counts from when the handler was free; the wait is ``queue``."""
+    timer = StageTimer(2)
+    # One packet, both messages received by the kernel at 100 µs; the first is handled
+    # 105-160 µs (its order sent at 150 µs), the second 160-190 µs.
+    timer.stamps[:, KERNEL_RX] = [100_000, 100_000]
+    timer.ready_ns[:] = [100_000, 160_000]
+    timer.stamps[:, RECEIVE] = [105_000, 161_000]
+    timer.stamps[:, SEND] = [150_000, 190_000]
+    assert timer.latencies_ns(IN_SYSTEM).tolist() == [50_000, 30_000]
+    assert timer.latencies_ns(QUEUE).tolist() == [0, 60_000]
+    assert timer.latencies_ns(IN_SYSTEM_WITH_QUEUE).tolist() == [50_000, 90_000]
+    assert timer.latencies_ns(STAGES[RECEIVE]).tolist() == [5_000, 1_000]
