@@ -6,8 +6,10 @@ what the feed uses.
 
 Part 2, replay: a generated day through exchange -> feed -> book -> ``Strategy`` (risk checks)
 -> ``Gateway`` (OUCH over SoupBinTCP), set up once, runs of the two receive paths interleaved so
-machine noise hits both alike. The gated series is in-system tick-to-trade: the frame's kernel
-receive stamp (XDP program / SO_TIMESTAMPNS) to just before the order's send(). Also reported:
+machine noise hits both alike. The gated series is in-system tick-to-trade: from when the tick
+could be handled (its frame's kernel receive stamp, XDP program / SO_TIMESTAMPNS, or the end of
+the previous feed message if later) to just before the order's send(); the wait behind earlier
+messages is its own stage (queue), with queue + in-system as in_system_with_queue. Also reported:
 open-loop tick-to-trade from the intended send time, the exchange's publish lag (apart), every
 stage, and the exchange's order throughput (achieved, and its capacity from its handling time).
 Goals on this machine: AF_XDP (copy mode) in-system P50 <= 30 µs, P99 <= 150 µs.
@@ -72,6 +74,39 @@ def book_latency(day: Path) -> None:
     print(f"FastBook/Book at P50: {ratio:.2f} (the live path uses the lower: Book)")
 
 
+BREAKDOWN = ("receive", "decode", "book", "decision", "send")
+
+
+def triggering_spans(timer: object) -> dict[str, np.ndarray]:
+    """Per tick that led to an order: each in-system stage's span (they add up to in-system),
+    the queue wait before it, and in-system itself."""
+    from tailsight.trading_core.timing import (
+        BOOK,
+        DECISION,
+        DECODE,
+        KERNEL_RX,
+        RECEIVE,
+        SEND,
+        UNSET,
+        StageTimer,
+    )
+
+    assert isinstance(timer, StageTimer)
+    stamps = timer.stamps
+    ready = np.where(timer.ready_ns != UNSET, timer.ready_ns, stamps[:, KERNEL_RX])
+    rows = (stamps[:, KERNEL_RX] != UNSET) & (stamps[:, SEND] != UNSET)
+    rows &= (stamps[:, DECISION] != UNSET) & (stamps[:, SEND] >= ready)
+    picked, start = stamps[rows], ready[rows]
+    ends = (RECEIVE, DECODE, BOOK, DECISION, SEND)
+    spans = {"queue": start - picked[:, KERNEL_RX]}
+    begin = start
+    for name, end in zip(BREAKDOWN, ends, strict=True):
+        spans[name] = picked[:, end] - begin
+        begin = picked[:, end]
+    spans["in_system"] = picked[:, SEND] - start
+    return spans
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small day, 2 runs per path")
@@ -131,6 +166,7 @@ def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Name
     )
     merged = {path: {stage: Histogram.empty() for stage in SERIES} for path in paths}
     per_run: dict[str, list[tuple[int, float, float]]] = {path: [] for path in paths}
+    spans: dict[str, list[dict[str, np.ndarray]]] = {path: [] for path in paths}
     totals: dict[str, dict[str, int]] = {path: {} for path in paths}
     failed: list[str] = []
     modes: dict[str, str] = {}
@@ -150,6 +186,7 @@ def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Name
             if args.out is not None:
                 args.out.mkdir(parents=True, exist_ok=True)
                 document.write(args.out / f"replay-{path}-{run:03d}.json")
+            spans[path].append(triggering_spans(outcome.timer))
             for stage in SERIES:
                 (series,) = document.find(stage=stage)
                 merged[path][stage] = merged[path][stage] + series.hist
@@ -172,7 +209,7 @@ def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Name
         print("no complete run on a path: no figures", file=sys.stderr)
         return 1
 
-    print(f"\n{IN_SYSTEM} (µs, kernel receive -> order send()), all runs merged")
+    print(f"\n{IN_SYSTEM} (µs, ready -> order send(); queue apart), all runs merged")
     print(f"{'path':<7}{'mode':<10}{'ticks':>8}{'P50':>10}{'P99':>10}  per run (orders P50/P99)")
     table = {}
     for path in paths:
@@ -196,6 +233,24 @@ def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Name
         f"goal AF_XDP P50 <= {GOAL_P50_NS / 1e3:.0f} µs, "
         f"P99 <= {GOAL_P99_NS / 1e3:.0f} µs: {verdict}"
     )
+
+    print(
+        "\nwhere the in-system µs go: ticks that led to an order, per stage (means add up to "
+        "in-system's; queue = wait behind earlier messages, before it)"
+    )
+    print(f"{'stage':<12}" + "".join(f"{path + ' mean':>12}{path + ' P50':>11}" for path in paths))
+    joined = {
+        path: {name: np.concatenate([run[name] for run in spans[path]]) for name in spans[path][0]}
+        for path in paths
+    }
+    for name in ("queue", *BREAKDOWN, "in_system"):
+        if name == "in_system":
+            print(f"{'':<12}" + "".join(f"{'-' * 9:>12}{'':>11}" for _ in paths))
+        cells = "".join(
+            f"{joined[path][name].mean() / 1e3:>12.1f}{np.median(joined[path][name]) / 1e3:>11.1f}"
+            for path in paths
+        )
+        print(f"{name:<12}{cells}")
 
     print("\nevery series, P50 / P99 µs (all runs merged)")
     print(f"{'series':<26}" + "".join(f"{path + ' P50':>12}{path + ' P99':>12}" for path in paths))

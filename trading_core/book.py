@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
+    import struct
+
     from tailsight.trading_core.itch import Message
     from tailsight.trading_core.itch_batch import BatchResult
 
@@ -452,6 +454,44 @@ class Book:
             elif kind == type_r:
                 self.symbols[row[0]] = row[1].rstrip()
         return count
+
+    def raw_handlers(self) -> dict[int, tuple[struct.Struct, Callable[[Any], TradeEvent | None]]]:
+        """Type byte -> (wire layout, handler of its unpacked tuple) for the order messages.
+
+        The live feed's fast path: one ``unpack_from`` and a call, no message object (building a
+        frozen ITCH record cost more than the book update). Other types go through ``apply``.
+        """
+        from tailsight.trading_core import itch
+
+        add, execute, cancel, delete, replace = (
+            self.add, self.execute, self.cancel, self.delete, self.replace)  # fmt: skip
+        # Unpacked: type, locate, tracking, timestamp high, low, then the body in wire order.
+
+        def on_add(v: Any) -> None:
+            add(v[1], v[5], BID if v[6] == b"B" else ASK, v[9], v[7])
+
+        def on_exec(v: Any) -> TradeEvent | None:
+            return execute(v[5], v[6], timestamp_ns=(v[3] << 32) | v[4], match_number=v[7])
+
+        def on_exec_price(v: Any) -> TradeEvent | None:
+            return execute(v[5], v[6], price=v[9], printable=v[8] == b"Y",
+                           timestamp_ns=(v[3] << 32) | v[4], match_number=v[7])  # fmt: skip
+
+        def on_trade(v: Any) -> TradeEvent:
+            return self.hidden_trade(v[1], v[9], v[7], timestamp_ns=(v[3] << 32) | v[4],
+                                     match_number=v[10])  # fmt: skip
+
+        handlers: dict[bytes, Callable[[Any], TradeEvent | None]] = {
+            b"A": on_add,
+            b"F": on_add,
+            b"E": on_exec,
+            b"C": on_exec_price,
+            b"X": lambda v: cancel(v[5], v[6]),
+            b"D": lambda v: delete(v[5]),
+            b"U": lambda v: replace(v[5], v[6], v[8], v[7]),
+            b"P": on_trade,
+        }
+        return {kind[0]: (itch.wire_struct(kind), handler) for kind, handler in handlers.items()}
 
     def _bind_handlers(self) -> None:
         from tailsight.trading_core import itch

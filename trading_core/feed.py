@@ -45,6 +45,9 @@ _TIMESPEC: Final = struct.Struct("=qq")
 
 OnMessage = Callable[[int, itch.Message, TradeEvent | None], None]
 """Called after the book took message ``sequence``: (sequence, message, trade it printed)."""
+OnUpdate = Callable[[int, int, int, TradeEvent | None], None]
+"""Called after the book took message ``sequence``: (sequence, type byte, stock locate, trade);
+with only this callback the order messages are never built as objects (the live fast path)."""
 
 
 class ReceivePath(Protocol):
@@ -281,6 +284,7 @@ class FeedHandler:
         book: Book | None = None,
         timer: StageTimer | None = None,
         on_message: OnMessage | None = None,
+        on_update: OnUpdate | None = None,
         rerequest_timeout_ms: float = 20.0,
         session: str | None = None,
     ) -> None:
@@ -288,6 +292,7 @@ class FeedHandler:
         self.book = book if book is not None else Book()
         self.timer = timer
         self.on_message = on_message
+        self.on_update = on_update
         # With ``session`` set, packets of any other (an earlier run's) are ignored.
         self.receiver = MoldReceiver(session=session)
         self.rerequest_timeout_ns = int(rerequest_timeout_ms * 1e6)
@@ -314,6 +319,7 @@ class FeedHandler:
         self.missing_detected = 0
         self._feed_next = 1  # one past the highest sequence the live feed has carried
         self._done_ns = 0  # when the latest feed message's handling ended (perf_counter_ns)
+        self._raw_handlers = self.book.raw_handlers()
         self._readers: dict[int, Callable[[], None]] = {}
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -364,8 +370,10 @@ class FeedHandler:
             self.missing_detected += packet.sequence_number - self._feed_next
         if not retransmission:
             self._feed_next = max(self._feed_next, packet.next_sequence_number)
-        timer, book, on_message = self.timer, self.book, self.on_message
+        timer, book, on_message, on_update = self.timer, self.book, self.on_message, self.on_update
         clock, decode, apply = time.perf_counter_ns, itch.decode, book.apply
+        # Without on_message nobody needs message objects: order messages go unpacked.
+        raw_handlers = self._raw_handlers if on_message is None else {}
         capacity, stamps, ready = (
             (timer.capacity, timer.stamps, timer.ready_ns) if timer is not None else (0, None, None)
         )
@@ -381,19 +389,30 @@ class FeedHandler:
                 stamps[row, KERNEL_RX] = kernel_ns
                 if kernel_ns != UNSET:
                     ready[row] = kernel_ns if kernel_ns > done_ns else done_ns
+            fast = raw_handlers.get(raw[0]) if raw else None
             try:
-                message = decode(raw)
+                if fast is not None:
+                    layout, handler = fast
+                    if len(raw) < layout.size:
+                        raise ValueError(f"truncated {raw[:1]!r} message")
+                    values = layout.unpack_from(raw)
+                    kind, locate = raw[0], values[1]
+                else:
+                    message = decode(raw)
+                    kind, locate = message.message_type[0], message.stock_locate
             except ValueError:
                 self.decode_errors += 1
                 done_ns = clock()
                 continue
             if timed:
                 stamps[row, DECODE] = clock()  # type: ignore[index]
-            trade = apply(message)
+            trade = handler(values) if fast is not None else apply(message)
             if timed:
                 stamps[row, BOOK] = clock()  # type: ignore[index]
             if on_message is not None:
                 on_message(sequence, message, trade)
+            if on_update is not None:
+                on_update(sequence, kind, locate, trade)
             done_ns = clock()
         self._done_ns = done_ns
         return len(delivery.messages)

@@ -453,6 +453,11 @@ MESSAGE_LENGTHS: dict[bytes, int] = {t: c.packer.size for t, c in _CODECS.items(
 """Type byte -> total message length in bytes, type byte included (spec section 1)."""
 
 
+def wire_struct(message_type: bytes) -> struct.Struct:
+    """The whole message's layout (header fields, then the body's in wire order) of a type."""
+    return _CODECS[message_type].packer
+
+
 def decode(buf: bytes | bytearray | memoryview, offset: int = 0) -> Message:
     """Decode the one message that starts at ``offset``; its length comes from its type byte."""
     if offset < 0 or offset >= len(buf):

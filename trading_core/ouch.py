@@ -677,6 +677,10 @@ def encode(msg: Message) -> bytes:
 
 
 _ENTER_ORDER = struct.Struct(">cIcI8sQccccc14sH")  # EnterOrder, empty appendage (length 0)
+_CHAR: dict[str, bytes] = {
+    chr(code): bytes([code]) for code in range(256)
+}  # latin-1, one byte each
+_SYMBOLS: dict[str, bytes] = {}  # symbol -> its padded field: a day trades few symbols
 
 
 def encode_enter_order(
@@ -699,21 +703,29 @@ def encode_enter_order(
     if len(symbol) > 8 or len(cl_ord_id) > 14:  # struct's "Ns" would cut them silently
         raise ValueError(f"EnterOrder: symbol {symbol!r} or ClOrdID {cl_ord_id!r} too long")
     try:
+        symbol_field = _SYMBOLS.get(symbol)
+        if symbol_field is None:
+            symbol_field = symbol.encode("latin-1").ljust(8)
+            if len(_SYMBOLS) < 10_000:
+                _SYMBOLS[symbol] = symbol_field
+        char = _CHAR
         return _ENTER_ORDER.pack(
             b"O",
             user_ref_num,
-            side.encode("latin-1"),
+            char[side],
             quantity,
-            symbol.encode("latin-1").ljust(8),
+            symbol_field,
             price,
-            time_in_force.encode("latin-1"),
-            display.encode("latin-1"),
-            capacity.encode("latin-1"),
-            intermarket_sweep_eligibility.encode("latin-1"),
-            cross_type.encode("latin-1"),
+            char[time_in_force],
+            char[display],
+            char[capacity],
+            char[intermarket_sweep_eligibility],
+            char[cross_type],
             cl_ord_id.encode("latin-1").ljust(14),
             0,
         )
+    except KeyError as error:  # not one latin-1 character
+        raise ValueError(f"EnterOrder: {error} is not a one-character code") from error
     except (struct.error, UnicodeEncodeError) as error:
         raise ValueError(f"EnterOrder: field out of range ({error})") from error
 

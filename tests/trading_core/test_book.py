@@ -257,3 +257,45 @@ def test_random_operations_match_naive_book(ops: list[tuple[Any, ...]]) -> None:
         assert ([tuple(lv) for lv in depth.bids], [tuple(lv) for lv in depth.asks]) == tuple(
             naive.depth(locate, 50)
         )
+
+
+def test_raw_handlers_match_decode_then_apply(tmp_path: Any) -> None:
+    """The live feed's fast path (unpack, no message object) must leave the same book, faults
+    and trades as ``apply(itch.decode(raw))``: a generated day, then one message of every type
+    it handles."""
+    from feed_helpers import book_state
+
+    from tailsight.trading_core.itch_file import iter_itch
+    from tailsight.trading_core.market import write_day
+
+    day = tmp_path / "day.itch"
+    write_day(day, seed=5, symbols=4, messages=3000)
+    extra = [
+        itch.AddOrderMPID(1, 0, 10, 900_001, "S", 300, "ZZZ", 1_010_000, "ABCD"),
+        itch.OrderExecutedWithPrice(1, 0, 11, 900_001, 100, 77, "Y", 1_009_900),
+        itch.OrderExecutedWithPrice(1, 0, 12, 900_001, 50, 78, "N", 1_009_800),
+        itch.OrderReplace(1, 0, 13, 900_001, 900_002, 120, 1_011_000),
+        itch.Trade(1, 0, 14, 0, "B", 40, "ZZZ", 1_012_000, 79),
+        itch.OrderExecuted(1, 0, 15, 900_002, 20, 80),
+        itch.OrderCancel(1, 0, 16, 900_002, 30),
+        itch.OrderDelete(1, 0, 17, 900_002),
+        itch.OrderDelete(1, 0, 18, 424_242),  # unknown reference: a fault, counted alike
+    ]
+    messages = [raw for _, raw in iter_itch(day)] + [itch.encode(m) for m in extra]
+    decoded, raw_book = Book(), Book()
+    handlers = raw_book.raw_handlers()
+    assert {chr(kind) for kind in handlers} == set("AFECXDUP")
+    trades_decoded, trades_raw = [], []
+    for raw in messages:
+        trades_decoded.append(decoded.apply(itch.decode(raw)))
+        entry = handlers.get(raw[0])
+        if entry is None:
+            trades_raw.append(raw_book.apply(itch.decode(raw)))
+        else:
+            layout, handler = entry
+            trades_raw.append(handler(layout.unpack_from(raw)))
+    assert trades_raw == trades_decoded
+    assert sum(t is not None for t in trades_raw) > 100
+    assert book_state(raw_book) == book_state(decoded)
+    assert raw_book.errors == decoded.errors and decoded.errors.get("unknown_ref", 0) >= 1
+    assert raw_book.symbols == decoded.symbols and raw_book.market_open == decoded.market_open
