@@ -44,7 +44,7 @@ from tailsight.analysis.jumps import (
     no_change,
 )
 from tailsight.analysis.quantiles import LabelKey, describe, quantile_name, series_arrays
-from tailsight.analysis.stream import RangeStats, Source, view_threshold
+from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
 from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
@@ -464,9 +464,11 @@ def explain_recording(
     config: ExplainConfig | None = None,
     since_ns: int | None = None,
     until_ns: int | None = None,
+    cache_bytes: int = CACHE_BYTES,
 ) -> Report:
     """:func:`explain_documents` of the intervals that end after ``since_ns`` and start before
-    ``until_ns``, streamed from the recording (memory: rows per interval, not histograms)."""
+    ``until_ns``, streamed from the recording (memory: rows per interval, not histograms;
+    ``cache_bytes``: see :data:`tailsight.analysis.stream.CACHE_BYTES`)."""
 
     def read() -> Iterator[IntervalArrays]:
         for interval in recording.iter_intervals(since_ns, until_ns):
@@ -475,20 +477,21 @@ def explain_recording(
             ):
                 yield interval
 
-    return explain_source(Source(read, ordered=False), selector, config)
+    return explain_source(Source(read, ordered=False), selector, config, cache_bytes)
 
 
 def explain_source(
     source: Source,
     selector: Mapping[str, str] | None = None,
     config: ExplainConfig | None = None,
+    cache_bytes: int = CACHE_BYTES,
 ) -> Report:
     """The analysis of :func:`explain_documents` in three streaming passes over ``source``
     (:mod:`tailsight.analysis.stream`): the same tests, thresholds and numbers as on dense
     arrays of every series and aggregate."""
     config = config or ExplainConfig()
     selector = dict(selector or {})
-    stats = RangeStats.read(source, selector)
+    stats = RangeStats.read(source, selector, cache_bytes)
     intervals = stats.intervals
     index = {key: n for n, key in enumerate(stats.leaves)}
     tested = views(sorted(stats.leaves), config.aggregates)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -64,19 +64,89 @@ class Source:
         return cls(lambda: arrays, True)
 
 
+CHUNK_INTERVALS: Final = 64
+CACHE_BYTES: Final = 512 << 20
+"""Up to this much of the selected series' sparse counts is kept after the first pass; past it,
+the later passes read the range again (slower, the same memory whatever the range)."""
+
+
 @dataclass
 class _LayoutMap:
     """Per layout (validated once per label set): where its series and counters go."""
 
     layout: Layout  # held, so the id this is cached under stays its own
     leaf: npt.NDArray[np.int64]  # leaf of each series, -1 when not selected
-    calls: list[tuple[int, int]]  # (series, counter row) of netsyscall series
-    counters: list[tuple[int, int]]  # (counter, counter row) of streamed counters
+    call_series: npt.NDArray[np.int64]  # netsyscall series ...
+    call_rows: npt.NDArray[np.int64]  # ... and their counter rows
+    counter_index: npt.NDArray[np.int64]  # streamed counters ...
+    counter_rows: npt.NDArray[np.int64]  # ... and their counter rows
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """The selected series of a few intervals, sparse: one row per (interval, series)."""
+
+    t: npt.NDArray[np.int64]  # interval of each row
+    leaf: npt.NDArray[np.int64]
+    nnz: npt.NDArray[np.int64]
+    overflows: npt.NDArray[np.int64]
+    indices: npt.NDArray[np.uint16]
+    counts: npt.NDArray[Any]  # uint32 where every count fits (most), else int64
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.t, self.leaf, self.nnz, self.overflows, self.indices, self.counts)
+        return sum(a.nbytes for a in arrays)
+
+    def entry_rows(self) -> npt.NDArray[np.int64]:
+        return np.repeat(np.arange(len(self.nnz)), self.nnz)
+
+    def with_order(self, position: npt.NDArray[np.int64]) -> _Chunk:
+        return _Chunk(
+            position[self.t], self.leaf, self.nnz, self.overflows, self.indices, self.counts
+        )
+
+
+class _ChunkBuilder:
+    """Collects intervals' selected series into :class:`_Chunk` s."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, IntervalArrays, npt.NDArray[np.int64]]] = []
+
+    def add(self, t: int, interval: IntervalArrays, leaf_of: npt.NDArray[np.int64]) -> None:
+        self.parts.append((t, interval, leaf_of))
+
+    def close(self) -> _Chunk | None:
+        if not self.parts:
+            return None
+        t, leaf, nnz, overflows, indices, counts = [], [], [], [], [], []
+        for at, interval, leaf_of in self.parts:
+            chosen = leaf_of >= 0
+            picked = chosen[interval.series_of_entries]
+            t.append(np.full(int(chosen.sum()), at, dtype=np.int64))
+            leaf.append(leaf_of[chosen])
+            nnz.append(interval.nnz[chosen])
+            overflows.append(interval.overflows[chosen])
+            indices.append(interval.indices[picked])
+            counts.append(interval.counts[picked])
+        self.parts = []
+        all_counts = np.concatenate(counts)
+        small = not all_counts.size or int(all_counts.max()) < 2**32
+        return _Chunk(
+            np.concatenate(t),
+            np.concatenate(leaf),
+            np.concatenate(nnz),
+            np.concatenate(overflows),
+            np.concatenate(indices).astype(np.uint16),
+            all_counts.astype(np.uint32) if small else all_counts,
+        )
 
 
 @dataclass
 class RangeStats:
-    """Pass 1 (:meth:`read`), then :meth:`tail_events` (pass 2) and :meth:`sides` (pass 3)."""
+    """Pass 1 (:meth:`read`), then :meth:`tail_events` (pass 2) and :meth:`sides` (pass 3);
+    the later passes run on the sparse counts kept by the first while they fit
+    :data:`CACHE_BYTES`, else on the range read again."""
 
     source: Source
     starts_ns: npt.NDArray[np.int64]
@@ -88,24 +158,32 @@ class RangeStats:
     """``[intervals, leaves]``: events per interval."""
     counters: CounterRows
     _order: dict[tuple[int, int], int] | None
+    _cached: list[_Chunk] | None
     _maps: dict[int, _LayoutMap] = field(default_factory=dict)
-    _selector: dict[str, str] = field(default_factory=dict)
 
     @property
     def intervals(self) -> int:
         return len(self.starts_ns)
 
     @classmethod
-    def read(cls, source: Source, selector: Mapping[str, str] | None = None) -> RangeStats:
+    def read(
+        cls,
+        source: Source,
+        selector: Mapping[str, str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> RangeStats:
         """Pass 1: pooled counts and volumes of the selected series, every streamed counter."""
         selector = dict(selector or {})
         leaf_ids: dict[LabelKey, int] = {}
         row_ids: dict[tuple[str, LabelKey], int] = {}
         maps: dict[int, _LayoutMap] = {}
-        pooled = np.zeros((16, DENSE), dtype=np.int64)
+        pooled = np.zeros((0, DENSE), dtype=np.int64)
         keys: list[tuple[int, int]] = []
-        volumes: list[tuple[npt.NDArray[np.int64], FloatArray]] = []
+        volumes: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = []
         values: list[tuple[npt.NDArray[np.int64], FloatArray]] = []
+        cached: list[_Chunk] | None = []
+        kept = 0
+        builder = _ChunkBuilder()
 
         def layout_map(layout: Layout) -> _LayoutMap:
             found = maps.get(id(layout))
@@ -124,30 +202,58 @@ class RangeStats:
                 for j, (name, key) in enumerate(layout.counters)
                 if streamed_counter(name)
             ]
-            found = maps[id(layout)] = _LayoutMap(layout, leaf, calls, counters)
+            found = maps[id(layout)] = _LayoutMap(
+                layout,
+                leaf,
+                np.array([k for k, _ in calls], dtype=np.int64),
+                np.array([r for _, r in calls], dtype=np.int64),
+                np.array([j for j, _ in counters], dtype=np.int64),
+                np.array([r for _, r in counters], dtype=np.int64),
+            )
             return found
 
-        for interval in source.read():
-            mapping = layout_map(interval.layout)
-            keys.append((interval.start_ns, interval.end_ns))
-            totals = interval.totals()
-            chosen = mapping.leaf >= 0
-            leaves_here = mapping.leaf[chosen]
-            volumes.append((leaves_here, totals[chosen]))
-            if len(leaf_ids) > pooled.shape[0]:
-                grown = np.zeros((2 * len(leaf_ids), DENSE), dtype=np.int64)
+        def flush() -> None:
+            nonlocal pooled, cached, kept
+            chunk = builder.close()
+            if chunk is None:
+                return
+            leaves = len(leaf_ids)
+            if pooled.shape[0] < leaves:
+                grown = np.zeros((leaves, DENSE), dtype=np.int64)
                 grown[: pooled.shape[0]] = pooled
                 pooled = grown
-            entry_leaf = mapping.leaf[interval.series_of_entries]
-            picked = entry_leaf >= 0
-            # One series per leaf in an interval: (leaf, bucket) pairs are unique, += suffices.
-            pooled[entry_leaf[picked], interval.indices[picked]] += interval.counts[picked]
-            pooled[leaves_here, NUM_BUCKETS] += interval.overflows[chosen]
-            ids = [r for _, r in mapping.calls] + [r for _, r in mapping.counters]
-            row_values = [totals[k] for k, _ in mapping.calls] + [
-                float(interval.values[j]) for j, _ in mapping.counters
-            ]
-            values.append((np.array(ids, dtype=np.int64), np.array(row_values, dtype=np.float64)))
+            rows = chunk.entry_rows()
+            flat = chunk.leaf[rows] * DENSE + chunk.indices
+            pooled += (
+                np.bincount(flat, weights=chunk.counts, minlength=leaves * DENSE)
+                .reshape(leaves, DENSE)
+                .astype(np.int64)
+            )
+            pooled[:, NUM_BUCKETS] += np.bincount(
+                chunk.leaf, weights=chunk.overflows, minlength=leaves
+            ).astype(np.int64)
+            totals = np.bincount(rows, weights=chunk.counts, minlength=len(chunk.nnz))
+            volumes.append((chunk.t, chunk.leaf, totals + chunk.overflows))
+            if cached is not None and kept + chunk.nbytes <= cache_bytes:
+                cached.append(chunk)
+                kept += chunk.nbytes
+            else:
+                cached = None  # too big to keep: the later passes read again
+
+        for a, interval in enumerate(source.read()):
+            mapping = layout_map(interval.layout)
+            keys.append((interval.start_ns, interval.end_ns))
+            builder.add(a, interval, mapping.leaf)
+            ids = np.concatenate([mapping.call_rows, mapping.counter_rows])
+            if ids.size:
+                calls = interval.totals()[mapping.call_series] if mapping.call_series.size else []
+                counted = interval.values[mapping.counter_index].astype(np.float64)
+                values.append((ids, np.concatenate([calls, counted])))
+            else:
+                values.append((ids, np.zeros(0)))
+            if len(builder.parts) >= CHUNK_INTERVALS:
+                flush()
+        flush()
 
         order: dict[tuple[int, int], int] | None = None
         position = np.arange(len(keys))
@@ -157,30 +263,37 @@ class RangeStats:
             order = {keys[a]: int(position[a]) for a in range(len(keys))}
         starts = np.zeros(len(keys), dtype=np.int64)
         ends = np.zeros(len(keys), dtype=np.int64)
-        volume = np.zeros((len(keys), len(leaf_ids)))
         rows = np.zeros((len(row_ids), len(keys)))
         for a, (start, end) in enumerate(keys):
             t = position[a]
             starts[t], ends[t] = start, end
-            volume[t, volumes[a][0]] = volumes[a][1]
             rows[values[a][0], t] += values[a][1]
+        volume = np.zeros((len(keys), len(leaf_ids)))
+        for t_rows, leaf_rows, totals in volumes:
+            volume[position[t_rows], leaf_rows] = totals
         counters = {key: rows[r] for key, r in row_ids.items()}
         leaves = sorted(leaf_ids, key=lambda key: leaf_ids[key])
+        if cached is not None and not source.ordered:
+            cached = [chunk.with_order(position) for chunk in cached]
         return cls(
             source,
             starts,
             ends,
             leaves,
-            pooled[: len(leaves)],
+            pooled[: len(leaves)] if len(leaves) else np.zeros((0, DENSE), dtype=np.int64),
             volume,
             counters,
             order,
+            cached,
             maps,
-            selector,
         )
 
-    def _passes(self) -> Iterator[tuple[int, IntervalArrays, npt.NDArray[np.int64]]]:
-        """A later pass: (interval index, interval, leaf of each series)."""
+    def _chunks(self) -> Iterator[_Chunk]:
+        """A later pass: the kept chunks, or the range read again (in chunks too)."""
+        if self._cached is not None:
+            yield from self._cached
+            return
+        builder = _ChunkBuilder()
         for a, interval in enumerate(self.source.read()):
             if self._order is None:
                 t = a
@@ -193,35 +306,38 @@ class RangeStats:
             if mapping is None:  # a label set first seen now: only known leaves count
                 index = {key: n for n, key in enumerate(self.leaves)}
                 leaf = np.array([index.get(key, -1) for key in interval.layout.series], np.int64)
+                none = np.zeros(0, dtype=np.int64)
                 mapping = self._maps[id(interval.layout)] = _LayoutMap(
-                    interval.layout, leaf, [], []
+                    interval.layout, leaf, none, none, none, none
                 )
-            yield t, interval, mapping.leaf
+            builder.add(t, interval, mapping.leaf)
+            if len(builder.parts) >= CHUNK_INTERVALS:
+                chunk = builder.close()
+                assert chunk is not None
+                yield chunk
+        chunk = builder.close()
+        if chunk is not None:
+            yield chunk
 
     def tail_events(self, edges: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], FloatArray]:
         """Pass 2: per (leaf, edge) asked for, tail events (dense buckets above the edge)
         per interval."""
         slots = max((len(e) for e in edges.values()), default=0)
-        table = np.full((len(self.leaves) + 1, max(slots, 1)), _NO_EDGE, dtype=np.int64)
+        table = np.full((len(self.leaves), max(slots, 1)), _NO_EDGE, dtype=np.int64)
         for leaf, wanted in edges.items():
             table[leaf, : len(wanted)] = wanted
         out = np.zeros((max(slots, 1), self.intervals, len(self.leaves)))
         if slots:
-            for t, interval, leaf_of in self._passes():
-                chosen = leaf_of >= 0
-                if not chosen.any():
-                    continue
-                entry_series = interval.series_of_entries
-                entry_edges = table[leaf_of[entry_series]]  # -1 -> the padding row
-                n = len(leaf_of)
+            for chunk in self._chunks():
+                rows = chunk.entry_rows()
+                entry_edges = table[chunk.leaf[rows]]
                 for slot in range(slots):
-                    above = interval.indices > entry_edges[:, slot]
+                    above = chunk.indices > entry_edges[:, slot]
                     counted = np.bincount(
-                        entry_series[above], weights=interval.counts[above], minlength=n
+                        rows, weights=np.where(above, chunk.counts, 0), minlength=len(chunk.nnz)
                     )
-                    used = table[leaf_of, slot] != _NO_EDGE
-                    counted = counted + np.where(used, interval.overflows, 0)
-                    out[slot, t, leaf_of[chosen]] = counted[chosen]
+                    used = table[chunk.leaf, slot] != _NO_EDGE
+                    out[slot, chunk.t, chunk.leaf] = counted + np.where(used, chunk.overflows, 0)
         found: dict[tuple[int, int], FloatArray] = {}
         for leaf, wanted in edges.items():
             for slot, edge in enumerate(wanted):
@@ -239,29 +355,33 @@ class RangeStats:
         ]
         members = []
         for leaves, _ in views:
-            member = np.zeros(len(self.leaves) + 1, dtype=bool)
+            member = np.zeros(len(self.leaves), dtype=bool)
             member[list(leaves)] = True
-            members.append(member)  # the last slot: leaf -1, never a member
-        for t, interval, leaf_of in self._passes():
-            entry_series = interval.series_of_entries
+            members.append(member)
+        for chunk in self._chunks() if views else ():
+            rows = chunk.entry_rows()
+            first = int(chunk.t.min()) if chunk.t.size else 0
+            span = int(chunk.t.max()) - first + 1 if chunk.t.size else 0
             for v, (_, changes) in enumerate(views):
-                series_in = members[v][leaf_of]
-                if not series_in.any():
+                rows_in = members[v][chunk.leaf]
+                if not rows_in.any():
                     continue
-                entries = series_in[entry_series]
-                row = np.zeros(DENSE, dtype=np.int64)
-                row[:NUM_BUCKETS] = np.bincount(
-                    interval.indices[entries],
-                    weights=interval.counts[entries],
-                    minlength=NUM_BUCKETS,
-                ).astype(np.int64)
-                row[NUM_BUCKETS] = int(interval.overflows[series_in].sum())
-                if row.sum():
-                    hist = Histogram(row[:NUM_BUCKETS].copy(), overflow=int(row[NUM_BUCKETS]))
-                    quantiles[v][t] = hist.quantiles(list(plot))
+                entries = rows_in[rows]
+                local = chunk.t[rows[entries]] - first
+                dense = np.bincount(
+                    local * DENSE + chunk.indices[entries],
+                    weights=chunk.counts[entries],
+                    minlength=span * DENSE,
+                ).reshape(span, DENSE)
+                dense[:, NUM_BUCKETS] += np.bincount(
+                    chunk.t[rows_in] - first, weights=chunk.overflows[rows_in], minlength=span
+                )
+                counts = dense.astype(np.int64)
+                for r in np.flatnonzero(counts.sum(axis=1)):
+                    hist = Histogram(counts[r, :NUM_BUCKETS].copy(), overflow=int(counts[r, -1]))
+                    quantiles[v][first + r] = hist.quantiles(list(plot))
                 for c, change in enumerate(changes):
-                    if t < change:
-                        before[v][c] += row
+                    before[v][c] += counts[: max(0, min(change - first, span))].sum(axis=0)
         return list(zip(before, quantiles, strict=True))
 
 
