@@ -17,6 +17,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -82,6 +83,7 @@ class Gateway:
         self._state = threading.Condition()
         self._reader: threading.Thread | None = None
         self._framer = soup.SoupFramer()
+        self._pending: deque[soup.Packet] = deque()  # read, not yet applied (a budget ran out)
         self._closing: str | None = None
         self._stop = threading.Event()
         self._last_sent = 0.0
@@ -139,6 +141,7 @@ class Gateway:
         self._closing = None
         self._last_sent = self._last_received = time.monotonic()
         self._stop.clear()
+        self._pending.clear()  # the old connection's: the login's sequence number replays them
         for packet in packets[1:]:
             self._on_packet(packet)
         self._framer = framer
@@ -249,8 +252,13 @@ class Gateway:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def on_readable(self) -> None:
-        """The socket is readable: take what arrived and apply it (never blocks for more)."""
+    def on_readable(self, budget: int | None = None) -> None:
+        """The socket is readable: take what arrived and apply it (never blocks for more).
+
+        With ``budget``, at most that many packets are applied now; the rest wait in
+        ``pending`` for ``apply_pending``, so a tick-to-trade loop goes back to the feed between
+        slices instead of making a tick wait behind a burst of responses.
+        """
         sock = self._sock
         if sock is None or self.disconnect_reason is not None:
             return
@@ -266,12 +274,32 @@ class Gateway:
             return
         self._last_received = time.monotonic()
         try:
-            for packet in self._framer.feed(data):
+            self._pending.extend(self._framer.feed(data))
+        except ValueError as error:
+            self._lost(f"error: {error}")
+            return
+        self.apply_pending(budget)
+
+    @property
+    def pending(self) -> int:
+        """Packets read but not yet applied (``on_readable`` with a budget)."""
+        return len(self._pending)
+
+    def apply_pending(self, budget: int | None = None) -> None:
+        """Apply up to ``budget`` (default: all) of the packets read but not yet applied."""
+        pending = self._pending
+        applied = 0
+        try:
+            while pending and (budget is None or applied < budget):
+                packet = pending.popleft()
+                applied += 1
                 self._on_packet(packet)
                 if isinstance(packet, soup.EndOfSession):
+                    pending.clear()
                     self._lost("end of session")
                     return
         except ValueError as error:
+            pending.clear()
             self._lost(f"error: {error}")
 
     def service(self) -> None:

@@ -244,3 +244,28 @@ def test_fast_enter_order_encoding_refuses_what_does_not_fit() -> None:
         ouch.encode_enter_order(1, "BS", 100, "AAPL", 1, "0", "Y", "P", "N", "N", "X")
     with pytest.raises(ValueError):
         ouch.encode_enter_order(2**32, "B", 100, "AAPL", 1, "0", "Y", "P", "N", "N", "X")
+
+
+def test_a_response_budget_applies_a_slice_and_keeps_the_rest_in_order(topo: Topology) -> None:
+    """``on_readable(budget)`` (the replay loop's, so a tick never waits behind a burst of
+    responses) applies that many and keeps the rest, in sequence, for ``apply_pending``."""
+    with exchange(topo) as ex:
+        gateway = Gateway(topo, "ALICE", "alicepw", reader_thread=False)
+        gateway.connect()
+        try:
+            for _ in range(5):
+                gateway.enter_order("NOPE", "B", 100_000, 10)  # rejected: unknown symbol
+            deadline = time.monotonic() + 5
+            while len(ex.sequenced_messages("ALICE")) < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)  # the last one on its way through the veth
+            gateway.on_readable(budget=2)
+            assert (len(gateway.messages), gateway.pending) == (2, 3)
+            gateway.apply_pending(2)
+            assert (len(gateway.messages), gateway.pending) == (4, 1)
+            gateway.apply_pending()
+            assert gateway.pending == 0
+            assert [ouch.encode(m) for m in gateway.messages] == ex.sequenced_messages("ALICE")
+            assert gateway.next_sequence == 6
+        finally:
+            gateway.close()
