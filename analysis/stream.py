@@ -37,6 +37,7 @@ from tailsight.probes.runqueue import DISPLACED_SWITCHES
 DENSE: Final = NUM_BUCKETS + 1
 """Dense row width: finite buckets, then overflow."""
 _NO_EDGE: Final = NUM_BUCKETS  # no finite index is above it: an unused edge slot counts nothing
+_ROW_STRIDE: Final = 4096  # > NUM_BUCKETS: row * stride + bucket orders entries by row, bucket
 
 FloatArray = npt.NDArray[np.float64]
 Pass = Callable[[], Iterable[IntervalArrays]]
@@ -64,7 +65,7 @@ class Source:
         return cls(lambda: arrays, True)
 
 
-CHUNK_INTERVALS: Final = 64
+CHUNK_INTERVALS: Final = 256
 CACHE_BYTES: Final = 512 << 20
 """Up to this much of the selected series' sparse counts is kept after the first pass; past it,
 the later passes read the range again (slower, the same memory whatever the range)."""
@@ -122,8 +123,15 @@ class _ChunkBuilder:
         t, leaf, nnz, overflows, indices, counts = [], [], [], [], [], []
         for at, interval, leaf_of in self.parts:
             chosen = leaf_of >= 0
-            picked = chosen[interval.series_of_entries]
             t.append(np.full(int(chosen.sum()), at, dtype=np.int64))
+            if chosen.all():  # no selector: every series (no copies)
+                leaf.append(leaf_of)
+                nnz.append(interval.nnz)
+                overflows.append(interval.overflows)
+                indices.append(interval.indices)
+                counts.append(interval.counts)
+                continue
+            picked = chosen[interval.series_of_entries]
             leaf.append(leaf_of[chosen])
             nnz.append(interval.nnz[chosen])
             overflows.append(interval.overflows[chosen])
@@ -329,15 +337,18 @@ class RangeStats:
         out = np.zeros((max(slots, 1), self.intervals, len(self.leaves)))
         if slots:
             for chunk in self._chunks():
-                rows = chunk.entry_rows()
-                entry_edges = table[chunk.leaf[rows]]
+                # Entries sorted by (row, bucket): the first entry above an edge is a binary
+                # search away, and a row's tail is a difference of cumulative counts.
+                rows = np.arange(len(chunk.nnz)) * _ROW_STRIDE
+                keys = chunk.entry_rows() * _ROW_STRIDE + chunk.indices
+                cumulative = np.concatenate([[0], np.cumsum(chunk.counts, dtype=np.int64)])
+                row_end = cumulative[np.cumsum(chunk.nnz)]
                 for slot in range(slots):
-                    above = chunk.indices > entry_edges[:, slot]
-                    counted = np.bincount(
-                        rows, weights=np.where(above, chunk.counts, 0), minlength=len(chunk.nnz)
-                    )
-                    used = table[chunk.leaf, slot] != _NO_EDGE
-                    out[slot, chunk.t, chunk.leaf] = counted + np.where(used, chunk.overflows, 0)
+                    edge = table[chunk.leaf, slot]
+                    first_above = np.searchsorted(keys, rows + edge, side="right")
+                    counted = row_end - cumulative[first_above]
+                    counted += np.where(edge != _NO_EDGE, chunk.overflows, 0)
+                    out[slot, chunk.t, chunk.leaf] = counted
         found: dict[tuple[int, int], FloatArray] = {}
         for leaf, wanted in edges.items():
             for slot, edge in enumerate(wanted):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import grp
 import json
 import os
@@ -45,6 +46,7 @@ ZSTD_LEVEL: Final = 3
 _INT64_MAX: Final = 2**63 - 1
 _UINT64_LIMIT: Final = 2**64
 _META_LEN: Final = struct.Struct("<I")
+_ROW_STRIDE: Final = 4096  # > NUM_BUCKETS
 
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -194,7 +196,7 @@ class IntervalArrays:
     source: HistDocument | None = None
     """The document a text record or a caller gave (returned as is by :meth:`document`)."""
 
-    @property
+    @functools.cached_property
     def series_of_entries(self) -> npt.NDArray[np.int64]:
         """The series index of every nonzero bucket entry."""
         return np.repeat(np.arange(len(self.nnz)), self.nnz)
@@ -311,30 +313,35 @@ def _unpack_arrays(payload: bytes, layouts: dict[bytes, Layout] | None = None) -
     counts = _array_at(payload, offset + 2 * total, "<i8", total)
     values = _array_at(payload, offset + 10 * total, "<u8", m)
     rows = np.repeat(np.arange(n), nnz)
-    # Within a series indices ascend strictly; a new series may start anywhere.
-    ascending = np.diff(indices) > 0
+    # Within a series indices ascend strictly; a new series may start anywhere: with indices
+    # below NUM_BUCKETS, (series, index) keys ascend strictly across the whole interval.
     if (
         (total and (indices.max() >= NUM_BUCKETS or counts.min() < 0))
-        or np.any(~ascending & (np.diff(rows) == 0))
+        or (total and np.any(np.diff(rows * _ROW_STRIDE + indices) <= 0))
         or (n and overflows.max() > _INT64_MAX)
     ):
         raise HistFormatError("interval payload: bucket index, count or overflow out of range")
     overflows = overflows.astype(np.int64)
-    # What Histogram checks: every series' total count fits in int64.
-    events = np.bincount(rows, weights=counts.astype(np.float64), minlength=n) + overflows
-    if n and float(events.max()) >= 2.0**63:
-        raise HistFormatError("interval payload: total count does not fit in int64")
-    return IntervalArrays(
+    # What Histogram checks: every series' total count fits in int64 (exactly, when a bound
+    # from the largest values does not already rule it out).
+    bound = float(counts.max()) * float(nnz.max()) if total else 0.0
+    if n and bound + float(overflows.max()) >= 2.0**62:
+        events = np.bincount(rows, weights=counts.astype(np.float64), minlength=n) + overflows
+        if float(events.max()) >= 2.0**63:
+            raise HistFormatError("interval payload: total count does not fit in int64")
+    interval = IntervalArrays(
         start_ns,
         end_ns,
         layout,
         nnz.astype(np.int64),
         indices,
-        counts.astype(np.int64),
+        counts.astype(np.int64, copy=False),
         overflows,
-        sums.astype(np.uint64),
-        values.astype(np.uint64),
+        sums.astype(np.uint64, copy=False),
+        values.astype(np.uint64, copy=False),
     )
+    interval.__dict__["series_of_entries"] = rows  # seeds the cached property: computed here
+    return interval
 
 
 def _layout_of(text: bytes) -> Layout | None:
