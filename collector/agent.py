@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from tailsight.collector.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
@@ -18,6 +18,9 @@ from tailsight.collector.exporter import RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
+
+FORGET_EVERY_INTERVALS: Final = 5
+"""How often the agent looks for removed cgroups (one stat per cgroup it holds)."""
 
 if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
@@ -73,6 +76,8 @@ class Agent:
     interval_errors: int = 0
     recording: RecordingStatus = field(default_factory=RecordingStatus)
     verdicts: JumpVerdicts | None = None  # live jump verdicts (collector/verdicts.py)
+    forgotten_cgroups: int = 0
+    _removed: set[int] = field(default_factory=set)  # found removed, forgotten at next check
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
@@ -182,10 +187,28 @@ class Agent:
                     raise RecordingFailed(error.errno, error.strerror, error.filename) from error
                 self.stop_recording(error)
         self.intervals += 1
+        if self.intervals % FORGET_EVERY_INTERVALS == 0:
+            self._forget_removed_cgroups()
         self.last_tick_cpu_s = time.process_time() - began_cpu
         if failed is not None:
             raise failed
         return document
+
+    def _forget_removed_cgroups(self) -> None:
+        """Probes drop the cgroups found removed at the previous check: every read since then
+        (this tick's included) has exported their last events. Then look for newly removed
+        ones. Without this, churn fills the probes' slots and maps and grows the agent."""
+        for name, entry in self.attached.items():
+            try:
+                entry.probe.forget(self._removed)
+            except Exception as error:  # its state stays; the next check tries again
+                self.log(f"probe {name}: cannot forget removed cgroups: {error}")
+                continue
+            # A cgroup wrongly taken for removed then counts afresh, without a reset.
+            entry.previous = entry.previous.without(self._removed)
+        self.forgotten_cgroups += len(self._removed)
+        seen = set().union(*(entry.previous.cgroup_ids() for entry in self.attached.values()))
+        self._removed = self.resolver.gone(seen - self._removed)
 
     def _keep(self, cgroup: str) -> bool:
         """Whether a series of this cgroup is exported: it lies in ``--cgroup-root``."""

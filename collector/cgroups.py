@@ -50,6 +50,25 @@ class CgroupResolver:
             result[cgroup_id] = path
         return result
 
+    def gone(self, cgroup_ids: Iterable[int]) -> set[int]:
+        """The ids whose cgroup no longer exists (removed; ids are never reused): a cached path
+        is checked with one stat, the rest (and renamed ones) with at most one walk."""
+        unsure = []
+        for cgroup_id in cgroup_ids:
+            path = self._cache.get(cgroup_id)
+            try:
+                if path is not None and os.stat(self.absolute(path)).st_ino == cgroup_id:
+                    continue
+            except OSError:
+                pass
+            self._cache.pop(cgroup_id, None)
+            unsure.append(cgroup_id)
+        if not unsure:
+            return set()
+        present = {cgroup_id for cgroup_id, _ in self.walk()}
+        self.walks += 1
+        return {cgroup_id for cgroup_id in unsure if cgroup_id not in present}
+
     def walk(self, start: str = ROOT_PATH) -> Iterator[tuple[int, str]]:
         """Every (id, path) from ``start`` down, ``start`` first; vanished dirs are skipped."""
         start = normalize(start)

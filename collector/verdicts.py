@@ -75,7 +75,10 @@ class JumpVerdicts:
     keep: Callable[[str], bool] = lambda cgroup: True
     annotate: Callable[[Verdict], None] | None = None
     intervals: int = 0
+    idle_intervals: int = 600
+    """A detector whose series had no samples for this long is dropped (a removed cgroup)."""
     _detectors: dict[tuple[SeriesKey, float], OnlineJumpDetector] = field(default_factory=dict)
+    _last_seen: dict[SeriesKey, int] = field(default_factory=dict)
     _displaced: deque[dict[tuple[str, str], float]] = field(default_factory=deque)
     _active: list[Verdict] = field(default_factory=list)
 
@@ -113,6 +116,10 @@ class JumpVerdicts:
                 if jump is not None and jump.confirmed and jump.direction == "up":
                     new.append(self._verdict(key, jump))
         self.intervals += 1
+        for key in rows:
+            self._last_seen[key] = self.intervals
+        if self.intervals % self.idle_intervals == 0:
+            self._drop_idle()
         self._active = [
             v for v in self._active if self.intervals - v.alarm_interval < self.hold_intervals
         ]
@@ -121,6 +128,14 @@ class JumpVerdicts:
             for verdict in new:
                 self.annotate(verdict)
         return new
+
+    def _drop_idle(self) -> None:
+        idle = {
+            k for k, seen in self._last_seen.items() if self.intervals - seen >= self.idle_intervals
+        }
+        for key in idle:
+            del self._last_seen[key]
+        self._detectors = {k: d for k, d in self._detectors.items() if k[0] not in idle}
 
     def _verdict(self, key: SeriesKey, jump: Jump) -> Verdict:
         """Aggressor shares of the victim's extra displaced wait, after the change vs before."""

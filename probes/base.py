@@ -65,6 +65,19 @@ class Snapshot:
     def __sub__(self, earlier: Snapshot) -> Snapshot:
         return self.delta(earlier)
 
+    def without(self, cgroup_ids: set[int]) -> Snapshot:
+        """This snapshot less every series and counter naming one of these cgroups."""
+
+        def kept(key: Labels) -> bool:
+            return not any(name in CGROUP_LABELS and value in cgroup_ids for name, value in key)
+
+        return Snapshot(
+            self.probe,
+            self.taken_ns,
+            {key: hist for key, hist in self.histograms.items() if kept(key)},
+            {key: value for key, value in self.counters.items() if kept(key[1])},
+        )
+
     def cgroup_ids(self) -> set[int]:
         """Every cgroup id named in a label (0 excluded: it is never a directory)."""
         keys = [*self.histograms, *(key for _, key in self.counters)]
@@ -145,6 +158,11 @@ class Probe(Protocol):
 
     def program_fds(self) -> Mapping[str, int]:
         """Program fd per attached program, for kernel BPF run-time stats."""
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Drop every trace of these removed cgroups, in the kernel and in the probe: their
+        last interval has been read. The next ``read`` no longer names them, and a slot they
+        held serves a new cgroup (so a long-lived agent under cgroup churn stays bounded)."""
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""

@@ -45,25 +45,30 @@ def read_histograms(
 
 
 class MappedArray:
-    """A ``BPF_F_MMAPABLE`` array map as a read-only numpy array: reading is a memory copy,
-    not a syscall per entry (a bcc table read costs ~10 µs per entry)."""
+    """A ``BPF_F_MMAPABLE`` array map as a numpy array: reading is a memory copy, not a
+    syscall per entry (a bcc table read costs ~10 µs per entry).  ``array`` is read-only;
+    ``zero`` clears the rows of a removed cgroup's slot before the slot is given back."""
 
     def __init__(self, table: Any, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> None:
         size_bytes = table.max_entries * ctypes.sizeof(table.Leaf)
         length = -(-size_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
         self._mmap: mmap.mmap | None = mmap.mmap(
-            table.map_fd, length, mmap.MAP_SHARED, mmap.PROT_READ
+            table.map_fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
         )
         count = math.prod(shape)
         if np.dtype(dtype).itemsize * count != size_bytes:
             raise ValueError(f"{shape} of {dtype} does not cover the map's {size_bytes} bytes")
-        self.array: npt.NDArray[Any] = np.frombuffer(self._mmap, dtype=dtype, count=count).reshape(
-            shape
-        )
+        self._writable = np.frombuffer(self._mmap, dtype=dtype, count=count).reshape(shape)
+        self.array: npt.NDArray[Any] = self._writable.view()
+        self.array.flags.writeable = False
+
+    def zero(self, index: Any) -> None:
+        """Clear ``array[index]`` (only for slots nothing in the kernel writes any more)."""
+        self._writable[index] = 0
 
     def close(self) -> None:
         if self._mmap is not None:
-            del self.array
+            del self.array, self._writable
             self._mmap.close()
             self._mmap = None
 
@@ -82,6 +87,45 @@ def slot_histograms(rows: npt.NDArray[np.uint64], sums_ns: Iterable[int]) -> lis
 def slot_ids(table: Any) -> dict[int, int]:
     """slot -> cgroup id (or any u64 key) from a probe's ``<name>_slots`` hash."""
     return {int(slot.value): int(key.value) for key, slot in table.items()}
+
+
+def release_slots(bpf: Any, prefix: str, keys: Iterable[Any]) -> list[int]:
+    """Give back the slots of these ``<prefix>_slots`` keys (their rows already zeroed):
+    unmapped, unclaimed, and the claim hint moved down to the lowest freed slot so that the
+    kernel's next claim (a no-exist insert walking up from the hint) finds it.  The slots ->
+    list of freed slots.  A CPU's slot cache may still name a removed cgroup: harmless, since
+    cgroup ids are never reused."""
+    slots = bpf[f"{prefix}_slots".encode()]
+    owner = bpf[f"{prefix}_slot_owner".encode()]
+    freed = []
+    for key in keys:
+        try:
+            slot = int(slots[key].value)
+            del slots[key]
+            del owner[owner.Key(slot)]
+        except KeyError:
+            continue
+        freed.append(slot)
+    if freed:
+        move_slot_hint(bpf, prefix, min(freed))
+    return freed
+
+
+def delete_where(table: Any, doomed: Callable[[Any], bool]) -> None:
+    """Delete the entries of a bcc hash table whose key is ``doomed``."""
+    for key in [key for key in table if doomed(key)]:
+        try:
+            del table[key]
+        except KeyError:
+            continue
+
+
+def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
+    """Start the kernel's next slot claim at ``slot`` if that is below the current hint."""
+    hint = bpf[f"{prefix}_slot_hint".encode()]
+    zero = hint.Key(0)
+    if slot < int(hint[zero].value):
+        hint[zero] = hint.Leaf(slot)
 
 
 def hash_map_fill(bpf: Any) -> dict[str, float]:
@@ -185,11 +229,19 @@ class BccProbe:
 
     def mapped_array(self, map_name: str, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> Any:
         """The probe's mmap-able array ``map_name`` as a live read-only numpy array."""
+        return self.mapped(map_name, dtype, shape).array
+
+    def mapped(self, map_name: str, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> MappedArray:
+        """The probe's mmap-able array ``map_name`` (mapped once)."""
         mapped = self._mapped.get(map_name)
         if mapped is None:
             table = self._require_bpf()[map_name.encode()]
             mapped = self._mapped[map_name] = MappedArray(table, dtype, shape)
-        return mapped.array
+        return mapped
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Drop every trace of removed cgroups, in the kernel and here (see ``Probe``)."""
+        raise NotImplementedError
 
     def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
         """Record only these cgroup ids (None: all).

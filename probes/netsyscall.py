@@ -12,7 +12,7 @@ import numpy as np
 
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, slot_histograms
+from tailsight.probes.bccprobe import BccProbe, delete_where, release_slots, slot_histograms
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
@@ -118,6 +118,23 @@ class NetSyscallProbe(BccProbe):
             for (cgroup_id, nr), hist in latency.items()
         }
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Clear removed cgroups' series rows, give their slots back, drop their errors."""
+        bpf = self._require_bpf()
+        gone = [
+            (key, int(slot.value))
+            for key, slot in bpf[b"netsyscall_slots"].items()
+            if int(key.cgroup_id) in cgroup_ids
+        ]
+        if gone:
+            rows = sorted(slot for _, slot in gone)
+            self.mapped("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2)).zero(rows)
+            self.mapped("netsyscall_latency_hist", np.uint64, (MAX_SERIES, HIST_ROW)).zero(rows)
+            release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
+        delete_where(bpf[b"netsyscall_errors"], lambda key: int(key.cgroup_id) in cgroup_ids)
+        assert self.outliers is not None
+        self.outliers.forget(cgroup_ids)
 
 
 def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:

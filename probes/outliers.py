@@ -283,6 +283,18 @@ class OutlierStream:
                 self._thresholds[cgroup_id] = threshold_ns
         return dict(self._thresholds)
 
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Drop removed cgroups' stack counts and thresholds (here and in the kernel)."""
+        self._counts = {k: n for k, n in self._counts.items() if k[0] not in cgroup_ids}
+        table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
+        for cgroup_id in cgroup_ids:
+            self._previous.pop(cgroup_id, None)
+            if self._thresholds.pop(cgroup_id, None) is not None:
+                try:
+                    del table[table.Key(cgroup_id)]
+                except KeyError:
+                    continue
+
     def set_threshold(self, cgroup_id: int, threshold_ns: int) -> None:
         """Pin a cgroup's threshold (tests, operators); the next P99 update may replace it."""
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]

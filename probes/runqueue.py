@@ -12,7 +12,7 @@ import numpy as np
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, slot_histograms, slot_ids
+from tailsight.probes.bccprobe import BccProbe, release_slots, slot_histograms, slot_ids
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 
@@ -54,6 +54,9 @@ class RunQueueProbe(BccProbe):
         outlier_rate_per_s: int = DEFAULT_OUTLIER_RATE_PER_S,
     ) -> None:
         super().__init__(cgroup_ids, outlier_floor_ns, outlier_rate_per_s)
+        # Per victim cgroup: wait displaced by removed cgroups, whose pair cells were cleared
+        # (a victim's exact wait sum is its row of pair cells: it must not go backwards).
+        self._retired_wait: dict[int, int] = {}
 
     def extra_cflags(self) -> list[str]:
         """BTF offsets of sched_info.last_queued and of next -> cfs_rq -> rq -> clock (needs
@@ -79,7 +82,11 @@ class RunQueueProbe(BccProbe):
         # switch sees at most one more histogram sample than pair samples, never fewer.
         pair_block = pairs[np.ix_(slots, slots)].copy()
         rows = hist_rows[slots].copy()
-        sums = [int(total) for total in pair_block[:, :, 0].sum(axis=1, dtype=np.uint64)]
+        totals = pair_block[:, :, 0].sum(axis=1, dtype=np.uint64)
+        sums = [
+            int(total) + self._retired_wait.get(cgroup_of[slot], 0)
+            for slot, total in zip(slots, totals, strict=True)
+        ]
         wait = {
             cgroup_of[slot]: hist
             for slot, hist in zip(slots, slot_histograms(rows, sums), strict=True)
@@ -99,6 +106,31 @@ class RunQueueProbe(BccProbe):
         counters.update(self.outliers.counters(PROBE_NAME))
         histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in wait.items()}
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Clear removed cgroups' rows (as victim and as aggressor) and give their slots back."""
+        bpf = self._require_bpf()
+        table = bpf[b"runqueue_slots"]
+        cgroup_of = slot_ids(table)
+        gone = sorted(slot for slot, cgroup_id in cgroup_of.items() if cgroup_id in cgroup_ids)
+        if gone:
+            pairs = self.mapped("runqueue_displaced_wait", np.uint64, (MAX_SLOTS, MAX_SLOTS, 2))
+            hist_rows = self.mapped("runqueue_wait_hist", np.uint64, (MAX_SLOTS, HIST_ROW))
+            moved = pairs.array[:, gone, 0].sum(axis=1, dtype=np.uint64)
+            for slot in np.nonzero(moved)[0]:
+                victim = 0 if slot == 0 else cgroup_of.get(int(slot))
+                if victim is not None and victim not in cgroup_ids:
+                    self._retired_wait[victim] = self._retired_wait.get(victim, 0) + int(
+                        moved[slot]
+                    )
+            pairs.zero(np.s_[gone, :, :])
+            pairs.zero(np.s_[:, gone, :])
+            hist_rows.zero(np.s_[gone])
+            release_slots(bpf, PROBE_NAME, [table.Key(cgroup_of[slot]) for slot in gone])
+        for cgroup_id in cgroup_ids:
+            self._retired_wait.pop(cgroup_id, None)
+        assert self.outliers is not None
+        self.outliers.forget(cgroup_ids)
 
 
 def top_pairs(document: HistDocument, limit: int = 5) -> list[tuple[str, str, int, int]]:

@@ -21,7 +21,12 @@ from types import TracebackType
 from typing import Any, Final
 
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
-from tailsight.probes.bccprobe import hash_map_fill, read_histograms, sync_cgroup_allow
+from tailsight.probes.bccprobe import (
+    delete_where,
+    hash_map_fill,
+    read_histograms,
+    sync_cgroup_allow,
+)
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
@@ -200,6 +205,16 @@ class TcpStateProbe:
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Delete removed cgroups' cells, totals and retransmit counters."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        bpf = self._bpf
+        delete_where(bpf[b"tcpstate_hist"], lambda cell: int(cell.series.cgroup_id) in cgroup_ids)
+        delete_where(bpf[b"tcpstate_totals"], lambda series: int(series.cgroup_id) in cgroup_ids)
+        for table in (b"tcpstate_retransmits", b"tcpstate_retransmit_failures"):
+            delete_where(bpf[table], lambda key: int(key.value) in cgroup_ids)
 
     def attachment(self) -> Any:
         """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tailsight.cli.serve import build_agent
-from tailsight.collector.agent import Agent, RecordingFailed, as_snapshot
+from tailsight.collector.agent import FORGET_EVERY_INTERVALS, Agent, RecordingFailed, as_snapshot
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
@@ -47,6 +47,7 @@ class FakeProbe:
         self.drops = 0
         self.closed = 0
         self.reads = 0
+        self.forgotten: list[set[int]] = []
 
     def attach(self) -> None:
         if self.fail:
@@ -68,6 +69,11 @@ class FakeProbe:
 
     def program_fds(self) -> Mapping[str, int]:
         return {"on_event": 1}
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        self.forgotten.append(set(cgroup_ids))
+        for cgroup_id in cgroup_ids:
+            self.state.pop(cgroup_id, None)
 
     def close(self) -> None:
         self.closed += 1
@@ -142,6 +148,30 @@ class EventsDuringAttach(FakeProbe):
     def attach(self) -> None:
         hist = self.other.state.get(self.cgroup_id, Histogram.empty())
         self.other.state[self.cgroup_id] = hist.merge(Histogram.from_samples(self.samples))
+
+
+def test_removed_cgroups_are_forgotten_after_their_last_interval(
+    tree: tuple[CgroupResolver, dict[str, int]], tmp_path: Path
+) -> None:
+    resolver, ids = tree
+    every = FORGET_EVERY_INTERVALS
+    steps = script(ids, 4 * every, seed=3)
+    probe = FakeProbe("runqueue", steps)
+    config = CollectorConfig(probes=("runqueue",))
+    agent = Agent(config, resolver, log=lambda m: None, create_probe=lambda name: probe)
+    agent.start()
+    docs = [agent.tick() for _ in range(every + 2)]
+    # /b is removed; samples scripted for it after that stand for a mis-detected live cgroup
+    (tmp_path / "cg" / "b").rmdir()
+    docs += [agent.tick() for _ in range(3 * every - 2)]
+    assert probe.forgotten == [set(), set(), {ids["/b"]}, set()]
+    assert agent.forgotten_cgroups == 1 and agent.interval_errors == 0
+    # every interval exact, before and after the forgetting (no reset, nothing counted twice)
+    for step, doc in zip(steps, docs, strict=True):
+        (series,) = doc.find(probe="runqueue", cgroup="/a")
+        assert series.hist == Histogram.from_samples(step[ids["/a"]])
+        b = [s.hist for s in doc.series if s.labels.get("cgroup") in ("/b", "unknown")]
+        assert b == [Histogram.from_samples(step[ids["/b"]])]
 
 
 def test_first_interval_holds_no_events_from_before_the_last_attach(

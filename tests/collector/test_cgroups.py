@@ -58,6 +58,22 @@ def test_cache_is_bounded(tmp_path: Path) -> None:
     assert resolver.walks == walks + 1
 
 
+def test_gone_names_removed_cgroups_only(tmp_path: Path) -> None:
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).mkdir()
+    ids = {name: os.stat(tmp_path / name).st_ino for name in ("a", "b", "c", "d")}
+    resolver = CgroupResolver(tmp_path)
+    resolver.resolve_many([ids["a"], ids["b"], ids["c"]])  # d: never resolved
+    walks = resolver.walks
+    assert resolver.gone(ids.values()) == set()
+    assert resolver.walks == walks + 1  # one walk, for d only
+    (tmp_path / "b").rmdir()
+    (tmp_path / "c").rename(tmp_path / "c2")  # same cgroup (id), new path: alive
+    (tmp_path / "d").rmdir()
+    assert resolver.gone(ids.values()) == {ids["b"], ids["d"]}
+    assert resolver.resolve(ids["c"]) == "/c2"
+
+
 def test_paths() -> None:
     assert normalize("a//b/") == "/a/b"
     assert normalize("") == "/"

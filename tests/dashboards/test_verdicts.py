@@ -130,3 +130,18 @@ def test_active_verdict_is_in_the_exporters_exposition() -> None:
     line = next(x for x in seen.splitlines() if x.startswith(b"tailsight_tail_jump{"))
     assert f'cgroup="{VICTIM}"'.encode() in line and line.endswith(b" 1.0")
     assert f'aggressor="{AGGRESSOR}"'.encode() in seen
+
+
+def test_detectors_of_series_that_stopped_are_dropped() -> None:
+    """A removed cgroup's detector (dense reference rows) must not outlive it: churn would grow
+    the agent without bound."""
+    verdicts = JumpVerdicts(idle_intervals=20)
+    documents = incident(change_at=10_000, intervals=45)
+    for document in documents[:5]:
+        verdicts.update(document)
+    held = {key for key, _ in verdicts._detectors}
+    assert {dict(key)["cgroup"] for key in held} == {VICTIM, AGGRESSOR}
+    for document in documents[5:]:  # the aggressor's cgroup is gone: only the victim reports
+        document.series = [s for s in document.series if s.labels.get("cgroup") != AGGRESSOR]
+        verdicts.update(document)
+    assert {dict(key)["cgroup"] for key, _ in verdicts._detectors} == {VICTIM}
