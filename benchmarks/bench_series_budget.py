@@ -4,30 +4,37 @@ cgroups (baseline), then with top-K + 10 busy cgroups (UDP syscalls, TCP connect
 contention and migrations in each), so every probe's top-K is full; then what that means at a
 scrape interval of 15 s and for 1,000 hosts (README, "Budget at scale").
 
-Bytes per sample: not measured here (a TSDB needs hours of head chunks to show its steady
-state); the Prometheus documentation's published figure of 1-2 bytes per compressed sample
-("Storage" page, "On average, Prometheus uses only around 1-2 bytes per sample") is used, and
-the exposition's own size is measured.
+Bytes per sample from a real Prometheus TSDB: every exposition of the busy phase (one per
+1 s interval) is written as OpenMetrics with timestamps 15 s apart, as 15 s scrapes would store
+them, and `promtool tsdb create-blocks-from openmetrics` builds a TSDB block of it; its chunk
+bytes over its sample count are set beside the Prometheus documentation's published 1-2 bytes
+per sample ("Storage": "On average, Prometheus uses only around 1-2 bytes per sample").
 
-Usage: bench_series_budget.py [--quick] [--seconds S]   (root: the probes are real)
+Usage: bench_series_budget.py [--quick] [--seconds S] [--samples N]   (root: real probes)
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 from collections import Counter
+from pathlib import Path
 
 SCRAPE_INTERVAL_S = 15
 HOSTS = 1_000
 PUBLISHED_BYTES_PER_SAMPLE = (1.0, 2.0)  # prometheus.io/docs/prometheus/latest/storage/
 
-# One busy process per cgroup: 2 ms of CPU between a UDP sendto/recvfrom (netsyscall), a TCP
-# connect + accept + close every 20 rounds (tcpstate); 30 of them on this host's CPUs wait on
-# each other's run queues and migrate (runqueue, displacement pairs, migration).
+# One process per cgroup, a round every ~10 ms: 0.3 ms of CPU, a UDP sendto/recvfrom
+# (netsyscall), a TCP connect + accept + close every 20 rounds (tcpstate); 30 of them waking on
+# this host's CPUs wait on each other's run queues and migrate (runqueue, displacement pairs,
+# migration) at ~1 CPU in all, so the agent still gets its share.
 TASK_CODE = """
 import socket, time
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -39,9 +46,10 @@ listener.listen(8)
 there = listener.getsockname()
 n = 0
 while True:
-    end = time.perf_counter() + 0.002
+    end = time.perf_counter() + 0.0003
     while time.perf_counter() < end:
         pass
+    time.sleep(0.01)
     udp.sendto(b"x", me)
     udp.recvfrom(16)
     n += 1
@@ -81,12 +89,53 @@ def breakdown(series: list[str]) -> Counter[str]:
     return kinds
 
 
+def tsdb_block(expositions: list[bytes], directory: Path) -> dict[str, int]:
+    """Sizes and stats of the TSDB block Prometheus' own tooling builds from these expositions
+    taken as scrapes 15 s apart: numSamples, numSeries, numChunks, chunk_bytes, index_bytes."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise FileNotFoundError("promtool (Debian's prometheus package) is not installed")
+    # Every sample name as an OpenMetrics family of type unknown (storage keeps no type), each
+    # series' points together and in time order, as OpenMetrics requires.
+    families: dict[str, dict[str, list[str]]] = {}
+    start_s = 1_700_000_000
+    for i, exposition in enumerate(expositions):
+        stamp = start_s + i * SCRAPE_INTERVAL_S
+        for line in series_of(exposition):
+            series, value = line.rsplit(" ", 1)
+            name = series.split("{", 1)[0]
+            points = families.setdefault(name, {}).setdefault(series, [])
+            points.append(f"{series} {value} {stamp}\n")
+    text = directory / "scrapes.om"
+    with text.open("w") as out:
+        for name, members in families.items():
+            out.write(f"# TYPE {name} unknown\n")
+            for points in members.values():
+                out.writelines(points)
+        out.write("# EOF\n")
+    blocks = directory / "blocks"
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(text), str(blocks)],
+        check=True,
+        capture_output=True,
+    )
+    (block,) = [d for d in blocks.iterdir() if (d / "meta.json").exists()]
+    stats: dict[str, int] = json.loads((block / "meta.json").read_text())["stats"]
+    stats["chunk_bytes"] = sum(f.stat().st_size for f in (block / "chunks").iterdir())
+    stats["index_bytes"] = (block / "index").stat().st_size
+    return stats
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run for CI")
-    parser.add_argument("--seconds", type=float, help="seconds per phase (default 5; quick 3)")
+    parser.add_argument("--seconds", type=float, help="seconds of the idle phase (default 5)")
+    parser.add_argument(
+        "--samples", type=int, help="busy intervals = samples per series (default 120; quick 30)"
+    )
     args = parser.parse_args(argv)
-    seconds = args.seconds or (3.0 if args.quick else 5.0)
+    seconds = args.seconds or 5.0
+    samples = args.samples or (30 if args.quick else 120)  # 120: one full TSDB chunk
     if os.geteuid() != 0:
         print("bench_series_budget: skipped (needs root for BPF)")
         return 0
@@ -109,9 +158,26 @@ def main(argv: list[str] | None = None) -> int:
         agent.run(stop, seconds)
         idle = agent.exporter.exposition()
         tasks = [python_task(f"c{i:02d}", TASK_CODE) for i in range(cgroups)]
+        exporter = agent.exporter
+        expositions: list[bytes] = []
+
+        def capture() -> None:  # every interval's exposition, as a scrape per interval sees it
+            seen = exporter.generation
+            while not stop.wait(0.05):
+                if exporter.generation != seen:
+                    seen = exporter.generation
+                    expositions.append(exporter.exposition())
+
         with Workload(tasks, base=private_base("budget")):
-            agent.run(stop, seconds * 2)
-            busy = agent.exporter.exposition()
+            agent.run(stop, seconds)  # the busy cgroups enter every probe's top-K
+            capturing = threading.Thread(target=capture)
+            capturing.start()
+            try:
+                agent.run(stop, samples * config.interval_s)
+            finally:
+                stop.set()
+                capturing.join()
+            busy = exporter.exposition()
     finally:
         agent.close()
 
@@ -132,15 +198,29 @@ def main(argv: list[str] | None = None) -> int:
         f"exposition per scrape: {len(busy):,} B ({len(busy) / len(busy_series):.0f} B/series), "
         f"gzip {compressed:,} B (baseline host: {len(idle):,} B)"
     )
+    with tempfile.TemporaryDirectory(prefix="tailsight-budget-") as scratch:
+        block = tsdb_block(expositions, Path(scratch))
+    per_sample = block["chunk_bytes"] / block["numSamples"]
+    low, high = PUBLISHED_BYTES_PER_SAMPLE
+    print(
+        f"TSDB block of {len(expositions)} scrapes (promtool; chunks hold up to 120 samples, "
+        f"so fewer scrapes pay more per-chunk header): {block['numSeries']:,} series, "
+        f"{block['numSamples']:,} samples in {block['numChunks']:,} chunks: "
+        f"{per_sample:.2f} B/sample ({per_sample / high:.2f}x the published {high:g} B), "
+        f"index {block['index_bytes'] / block['numSeries']:.0f} B/series"
+    )
     n = len(busy_series)
     per_s = n / SCRAPE_INTERVAL_S
-    low, high = PUBLISHED_BYTES_PER_SAMPLE
-    day = 86_400 / SCRAPE_INTERVAL_S
-    print(f"at a {SCRAPE_INTERVAL_S} s scrape: {per_s:,.0f} samples/s per host")
+    day_bytes = n * 86_400 / SCRAPE_INTERVAL_S * per_sample
+    print(
+        f"at a {SCRAPE_INTERVAL_S} s scrape: {per_s:,.0f} samples/s, {day_bytes / 1e6:,.1f} MB/day "
+        "of chunks per host"
+    )
     print(
         f"{HOSTS:,} hosts: {n * HOSTS:,} series, {per_s * HOSTS:,.0f} samples/s, "
-        f"{n * HOSTS * day * low / 1e9:.1f}-{n * HOSTS * day * high / 1e9:.1f} GB/day of samples "
-        f"at the published {low:g}-{high:g} B/sample (index and WAL not included)"
+        f"{day_bytes * HOSTS / 1e9:,.1f} GB/day of chunks at {per_sample:.2f} B/sample "
+        f"({day_bytes * HOSTS * low / per_sample / 1e9:,.1f}-"
+        f"{day_bytes * HOSTS * high / per_sample / 1e9:,.1f} at the published {low:g}-{high:g} B)"
     )
     return 0
 
