@@ -241,7 +241,7 @@ class RangeStats:
                 chunk.leaf, weights=chunk.overflows, minlength=leaves
             ).astype(np.int64)
             totals = np.bincount(rows, weights=chunk.counts, minlength=len(chunk.nnz))
-            volumes.append((chunk.t, chunk.leaf, totals + chunk.overflows))
+            volumes.append((chunk.t, chunk.leaf, np.asarray(totals + chunk.overflows, np.float64)))
             if cached is not None and kept + chunk.nbytes <= cache_bytes:
                 cached.append(chunk)
                 kept += chunk.nbytes
@@ -254,7 +254,7 @@ class RangeStats:
             builder.add(a, interval, mapping.leaf)
             ids = np.concatenate([mapping.call_rows, mapping.counter_rows])
             if ids.size:
-                calls = interval.totals()[mapping.call_series] if mapping.call_series.size else []
+                calls = interval.totals()[mapping.call_series]
                 counted = interval.values[mapping.counter_index].astype(np.float64)
                 values.append((ids, np.concatenate([calls, counted])))
             else:
