@@ -390,7 +390,8 @@ class Report:
 
 def views(leaves: Iterable[LabelKey], aggregates: bool = True) -> dict[LabelKey, list[LabelKey]]:
     """Every series to test, with the leaf series it sums: each leaf itself and, if
-    ``aggregates``, ``{probe, cgroup}`` and ``{probe}`` over the leaves below them."""
+    ``aggregates``, ``{probe, cgroup}`` and ``{probe}`` (with ``instance`` where the leaves
+    have one) over the leaves below them."""
     found: dict[LabelKey, list[LabelKey]] = {key: [key] for key in leaves}
     if not aggregates:
         return found
@@ -399,9 +400,10 @@ def views(leaves: Iterable[LabelKey], aggregates: bool = True) -> dict[LabelKey,
         labels = dict(key)
         if "probe" not in labels:
             continue
-        probe = (("probe", labels["probe"]),)
+        # Per probe, and per host where the series come from several (--prometheus: instance).
+        probe = tuple((k, labels[k]) for k in ("instance", "probe") if k in labels)
         grouped.setdefault(probe, []).append(key)
-        if "cgroup" in labels and len(labels) > 2:
+        if "cgroup" in labels and len(labels) > len(probe) + 1:
             grouped.setdefault(
                 tuple(sorted({**dict(probe), "cgroup": labels["cgroup"]}.items())), []
             ).append(key)

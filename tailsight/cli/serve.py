@@ -338,7 +338,10 @@ def _check_subtree(config: CollectorConfig) -> None:
 
     if config.cgroup_subtree == "/":
         return
-    mount = config.cgroup_root or find_cgroup2_mount()
+    try:
+        mount = config.cgroup_root or find_cgroup2_mount()
+    except FileNotFoundError as error:
+        raise typer.BadParameter(str(error), param_hint="--cgroup-root") from None
     if not (mount / normalize(config.cgroup_subtree).lstrip("/")).is_dir():
         raise typer.BadParameter(
             f"no cgroup {config.cgroup_subtree} under {mount}", param_hint="--cgroup-root"
