@@ -169,6 +169,7 @@ def test_explain_names_the_host_cgroup_and_aggressor(backfilled: Backfilled) -> 
     first = min(leaves, key=lambda j: j["change_start_ns"])
     assert abs(first["change_start_ns"] - (START_NS + CHANGE_AT * INTERVAL_NS)) <= 2 * INTERVAL_NS
     assert first["displacement"]["aggressors"][0]["aggressor"] == "/batch"
+    assert all("instance" in j["series"] for j in report["jumps"])
     named = {j["series"].get("instance") for j in report["jumps"]}
     assert not named & {"host-b:9435", "host-c:9435"}, named
     # The text names the host too; the default step (the scrape spacing) reads the same jump.
@@ -177,6 +178,8 @@ def test_explain_names_the_host_cgroup_and_aggressor(backfilled: Backfilled) -> 
     words = " ".join(text.stdout.split())
     assert "of /trading (host-a:9435) rose" in words, text.stdout
     assert "displaced by /batch" in words, text.stdout
+    # Aggregates (all cgroups of a probe) are per host too: none sums two instances.
+    assert "of all cgroups (host-a:9435)" in words, text.stdout
 
 
 def test_show_summarizes_what_prometheus_holds(backfilled: Backfilled) -> None:
