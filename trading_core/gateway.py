@@ -209,11 +209,14 @@ class Gateway:
         body = ouch.encode_enter_order(
             ref, side, quantity, symbol, price, time_in_force, "Y", "P", "N", "N", f"TS{ref:012d}"
         )
+        wire = soup.encode_unsequenced(body)
+        # Sent first, recorded after (off the tick-to-trade path); holding the state lock
+        # across both keeps a reader thread from applying the response before the record.
         with self._state:
+            self._send_wire(wire)
             self.view.orders.setdefault(
                 ref, OrderRecord(ref, symbol, order_side(side), price, quantity)
             )
-        self._send_wire(soup.encode_unsequenced(body))
         return ref
 
     def cancel(self, user_ref_num: int, quantity: int = 0) -> None:

@@ -67,7 +67,7 @@ _MOLD_HEADER_UDP_LENGTH: Final = 28  # UDP header + MoldUDP64 header: heartbeats
 _BOOK_UPDATES: Final = frozenset(b"AFECXDU")
 # Order responses applied per turn of the loop before it looks at the feed again: a burst of
 # acks and cancels (framed and applied: ~20 µs each, measured) made the next tick wait.
-_RESPONSE_SLICE: Final = 4
+_RESPONSE_SLICE: Final = 2
 _SETUP_TIMEOUT_S: Final = 60.0  # a child's answer to "set up" (the XDP compile is the slow part)
 
 
