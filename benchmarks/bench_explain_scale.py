@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from tailsight.collector.store import RecordingWriter
 from tailsight.hist import NUM_BUCKETS, Histogram
@@ -38,7 +39,10 @@ GOAL_S = 10.0
 GOAL_RSS_MB = 1024.0
 
 
-def _shape(peak: int, width: int, tail: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+Shape = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]
+
+
+def _shape(peak: int, width: int, tail: list[tuple[int, float]]) -> Shape:
     """Buckets and probabilities: a bump of ``width`` buckets from ``peak``, plus a sparse tail."""
     body = np.arange(peak, peak + width)
     weights = np.exp(-0.5 * ((body - peak - width / 3) / (width / 4)) ** 2)
@@ -48,34 +52,55 @@ def _shape(peak: int, width: int, tail: list[tuple[int, float]]) -> tuple[np.nda
     return buckets, probs
 
 
-# (labels beyond probe and cgroup, events per interval, shape)
-SERIES = [
-    ({"probe": "runqueue"}, 2000, _shape(0, 12, [(30, 0.004), (60, 0.002), (2049, 0.0005)])),
-    (
-        {"probe": "netsyscall", "syscall": "recvfrom"},
-        1500,
-        _shape(2, 25, [(80, 0.004), (400, 0.001)]),
-    ),
-    ({"probe": "netsyscall", "syscall": "sendto"}, 1500, _shape(1, 10, [(40, 0.005)])),
-    ({"probe": "tcpstate", "kind": "connect"}, 50, _shape(3, 8, [(50, 0.02)])),
-    ({"probe": "migration"}, 300, _shape(0, 6, [(20, 0.01), (90, 0.003)])),
-]
-HOG_SHAPE = _shape(0, 12, [(30, 0.004), (60, 0.002), (2049, 0.0005), (300, 0.03), (500, 0.02)])
+def series_shapes(wide: int = 1) -> tuple[list[tuple[dict[str, str], int, Shape]], Shape]:
+    """Per series kind (labels beyond probe and cgroup, events per interval, shape) and the
+    victim's run-queue shape after the jump; ``wide`` spreads every body over that many times
+    more buckets (denser histograms: more nonzero buckets per series and interval)."""
+
+    def tail(*points: tuple[int, float]) -> list[tuple[int, float]]:
+        return [(min(b * wide, NUM_BUCKETS - 1) if b < 2000 else b, p) for b, p in points]
+
+    series = [
+        (
+            {"probe": "runqueue"},
+            2000,
+            _shape(0, 12 * wide, tail((30, 0.004), (60, 0.002), (2049, 0.0005))),
+        ),
+        (
+            {"probe": "netsyscall", "syscall": "recvfrom"},
+            1500,
+            _shape(2, 25 * wide, tail((80, 0.004), (400, 0.001))),
+        ),
+        (
+            {"probe": "netsyscall", "syscall": "sendto"},
+            1500,
+            _shape(1, 10 * wide, tail((40, 0.005))),
+        ),
+        ({"probe": "tcpstate", "kind": "connect"}, 50, _shape(3, 8 * wide, tail((50, 0.02)))),
+        ({"probe": "migration"}, 300, _shape(0, 6 * wide, tail((20, 0.01), (90, 0.003)))),
+    ]
+    hog = _shape(
+        0, 12 * wide, tail((30, 0.004), (60, 0.002), (2049, 0.0005), (300, 0.03), (500, 0.02))
+    )
+    return series, hog
 
 
-def generate(directory: Path, intervals: int, cgroups: int, victim: int, change: int) -> None:
+def generate(
+    directory: Path, intervals: int, cgroups: int, victim: int, change: int, wide: int = 1
+) -> None:
     """The recording: ``victim``'s run-queue tail jumps from interval ``change`` on."""
     rng = np.random.default_rng(7)
+    kinds, hog_shape = series_shapes(wide)
     names = [f"/svc-{c:03d}" for c in range(cgroups)]
     with RecordingWriter(directory, fsync=False) as writer:
         for t in range(intervals):
             series = []
-            for extra, events, (buckets, probs) in SERIES:
+            for extra, events, (buckets, probs) in kinds:
                 draws = list(rng.multinomial(rng.poisson(events, size=cgroups), probs))
                 shapes = [buckets] * cgroups
                 if extra["probe"] == "runqueue" and t >= change:
-                    draws[victim] = rng.multinomial(rng.poisson(events), HOG_SHAPE[1])
-                    shapes[victim] = HOG_SHAPE[0]
+                    draws[victim] = rng.multinomial(rng.poisson(events), hog_shape[1])
+                    shapes[victim] = hog_shape[0]
                 for c, name in enumerate(names):
                     counts = np.zeros(NUM_BUCKETS + 1, dtype=np.int64)
                     counts[shapes[c]] = draws[c]  # the buckets of a shape are distinct
@@ -141,6 +166,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=int, default=None)
     parser.add_argument("--cgroups", type=int, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="write the recording here")
+    parser.add_argument("--wide", type=int, default=1, help="denser histograms (x buckets)")
     args = parser.parse_args()
     minutes = args.minutes or (10 if args.quick else 60)
     cgroups = args.cgroups or (20 if args.quick else 100)
@@ -149,10 +175,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         directory = args.keep or Path(scratch) / "recording"
         began = time.perf_counter()
-        generate(directory, intervals, cgroups, victim, change)
+        generate(directory, intervals, cgroups, victim, change, args.wide)
         size = sum(p.stat().st_size for p in directory.iterdir())
         print(
-            f"recording: {minutes} min x {cgroups} cgroups x {len(SERIES)} series per cgroup "
+            f"recording: {minutes} min x {cgroups} cgroups x {len(series_shapes()[0])} series "
+            f"per cgroup (histograms x{args.wide} wide) "
             f"({intervals} intervals, {size / 1e6:,.0f} MB), written in "
             f"{time.perf_counter() - began:.0f} s; jump at interval {change} in "
             f"/svc-{victim:03d}"
