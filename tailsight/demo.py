@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from tailsight import dashboards
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
 from tailsight.trading_core.replay import TickFile
@@ -45,7 +46,7 @@ MIN_QUIET_S: Final = 16.0  # the jump detectors' reference: 30 intervals of 0.5 
 MIN_NOISY_S: Final = 10.0
 MESSAGES: Final = 40_000  # ~1,000 ITCH messages/s at the default length: the trading CPU ~15 % busy
 LISTEN_PORT: Final = 19435  # not serve's 9435: an agent already running there is left alone
-PROVISIONING: Final = Path("dashboards/provisioning")
+PROVISIONING: Final = Path(dashboards.__file__).parent / "provisioning"
 # Nice -10 (weight 9548 vs the trading process's 1024): the neighbour takes ~90 % of the CPU, a
 # batch job someone reniced. Measured on 2 loaded cores: a nice-0 hog moves the trading P99 about
 # as much as the other load on the machine already does, -5 only while the feed is quiet.
@@ -106,7 +107,8 @@ def fast_forward_off_hours(ticks: TickFile, speedup: float = OFF_HOURS_SPEEDUP) 
 
 
 def _clock(ns: int) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) + f".{ns // 100_000_000 % 10}"
+    """UTC, as ``explain`` prints times."""
+    return time.strftime("%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns // 100_000_000 % 10}"
 
 
 # ------------------------------------------------------------------ the agent
@@ -477,6 +479,13 @@ def run_demo(args: argparse.Namespace) -> int:
         return tell(console, say, scene, record_dir, args.out)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it."""
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd()))
+    return str(path)
+
+
 def tell(
     console: Any, say: Callable[[str], None], scene: Scene, record_dir: Path, out: Path
 ) -> int:
@@ -520,8 +529,9 @@ def tell(
     console.print(f"HTML report: {html}", markup=False)
     console.print(f"recording:   {kept} (tailsight explain {kept})", markup=False)
     console.print(
-        f"Grafana:     point it at {PROVISIONING}/ with dashboards/generated/ "
-        "(docs/dashboards.md); the agent's /metrics feed its Prometheus",
+        f"Grafana:     provisioning folder {_shown(PROVISIONING)}/, dashboards in "
+        f"{_shown(PROVISIONING.parent / 'generated')}/ (docs/dashboards.md); its Prometheus "
+        "scrapes `tailsight serve`",
         markup=False,
     )
     return 0 if found.top1 else 1
