@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -73,9 +74,11 @@ def prometheus_scraping(
     tmp_path: Path,
     interval_s: float = 1.0,
     tsdb: Path | None = None,
+    web_config: str | None = None,
 ) -> Iterator[Prometheus]:
     """Prometheus scraping ``{job: ["host:port", ...]}`` every ``interval_s`` (no targets: it
-    only serves ``tsdb``, e.g. blocks backfilled by ``promtool``; nothing is dropped by age)."""
+    only serves ``tsdb``, e.g. blocks backfilled by ``promtool``; nothing is dropped by age).
+    ``web_config``: its ``--web.config.file`` (TLS, basic auth); https if it sets TLS."""
     jobs = (
         "".join(
             f"  - job_name: {job}\n    static_configs:\n"
@@ -91,6 +94,12 @@ def prometheus_scraping(
         f"scrape_configs:\n{jobs}"
     )
     port = free_port()
+    extra = []
+    scheme = "http"
+    if web_config is not None:
+        (tmp_path / "web.yml").write_text(web_config)
+        extra.append(f"--web.config.file={tmp_path / 'web.yml'}")
+        scheme = "https" if "tls_server_config" in web_config else "http"
     proc = subprocess.Popen(
         [
             PROMETHEUS,
@@ -99,20 +108,26 @@ def prometheus_scraping(
             "--storage.tsdb.retention.time=100y",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        prometheus = Prometheus(f"http://127.0.0.1:{port}")
+        prometheus = Prometheus(f"{scheme}://127.0.0.1:{port}")
         deadline = time.monotonic() + 60
+        unverified = ssl._create_unverified_context()  # readiness only: any answer will do
         while True:
             assert proc.poll() is None, "prometheus exited"
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2),
-            ):
-                break
+            try:
+                with urllib.request.urlopen(
+                    f"{prometheus.url}/-/ready", timeout=2, context=unverified
+                ):
+                    break
+            except urllib.error.HTTPError:
+                break  # 401: up, and asking for the credentials
+            except OSError:
+                pass
             assert time.monotonic() < deadline, "prometheus not ready after 60 s"
             time.sleep(0.2)
         yield prometheus

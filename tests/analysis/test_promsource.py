@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,7 @@ def _openmetrics_lines(
 class Backfilled:
     url: str
     truth: dict[str, list[HistDocument]]
+    blocks: Path
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]
         capture_output=True,
     )
     with prometheus_scraping({}, tmp, tsdb=blocks) as prometheus:
-        yield Backfilled(prometheus.url, truth)
+        yield Backfilled(prometheus.url, truth, blocks)
 
 
 def _window() -> tuple[float, float]:
@@ -237,3 +240,47 @@ def test_bad_promql_is_the_apis_reason(backfilled: Backfilled) -> None:
         PrometheusSource(backfilled.url).get("/api/v1/query", {"query": "sum("})
     with contextlib.suppress(PrometheusError):
         PrometheusSource(backfilled.url).get("/api/v1/query", {"query": "up"})
+
+
+def _bcrypt(password: str) -> str:
+    with warnings.catch_warnings():  # crypt is deprecated, and the only bcrypt at hand here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+
+
+def test_basic_auth_and_tls_against_a_real_endpoint(backfilled: Backfilled, tmp_path: Path) -> None:
+    """Prometheus' own --web.config.file: https with a self-signed certificate, basic auth."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    web = (
+        f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+        f"basic_auth_users:\n  reader: '{_bcrypt('s3cret')}'\n"
+    )
+    shutil.copytree(backfilled.blocks, tmp_path / "tsdb")
+    start_s, end_s = _window()
+    window = ["--since", f"{start_s:.0f}", "--until", f"{end_s:.0f}", "--json"]
+    runner = CliRunner()
+    with prometheus_scraping({}, tmp_path, tsdb=tmp_path / "tsdb", web_config=web) as secured:
+        assert secured.url.startswith("https://")
+        show = ["show", "--prometheus", secured.url, *window]
+        good = runner.invoke(app, [*show, "--ca-file", str(cert), "--basic-auth", "reader:s3cret"])
+        assert good.exit_code == 0, good.output
+        assert len(json.loads(good.stdout)["series"]) == 9  # 3 cgroups x 3 hosts
+        # The password from the environment, the certificate not checked.
+        env = {"TAILSIGHT_PROMETHEUS_BASIC_AUTH": "reader:s3cret"}
+        insecure = runner.invoke(app, [*show, "--insecure-skip-verify"], env=env)
+        assert insecure.exit_code == 0, insecure.output
+        for args, message in (
+            (["--ca-file", str(cert), "--basic-auth", "reader:wrong"], "HTTP 401"),
+            (["--basic-auth", "reader:s3cret"], "CERTIFICATE_VERIFY_FAILED"),
+        ):
+            bad = runner.invoke(app, [*show, *args])
+            assert bad.exit_code == 2, bad.output
+            assert message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
