@@ -65,8 +65,8 @@ class Source:
         return cls(lambda: arrays, True)
 
 
-CHUNK_INTERVALS: Final = 256
-CACHE_BYTES: Final = 512 << 20
+CHUNK_INTERVALS: Final = 64
+CACHE_BYTES: Final = 384 << 20
 """Up to this much of the selected series' sparse counts is kept after the first pass; past it,
 the later passes read the range again (slower, the same memory whatever the range)."""
 
@@ -87,12 +87,12 @@ class _LayoutMap:
 class _Chunk:
     """The selected series of a few intervals, sparse: one row per (interval, series)."""
 
-    t: npt.NDArray[np.int64]  # interval of each row
-    leaf: npt.NDArray[np.int64]
-    nnz: npt.NDArray[np.int64]
+    t: npt.NDArray[np.int32]  # interval of each row
+    leaf: npt.NDArray[np.int32]
+    nnz: npt.NDArray[np.int32]
     overflows: npt.NDArray[np.int64]
     indices: npt.NDArray[np.uint16]
-    counts: npt.NDArray[Any]  # uint32 where every count fits (most), else int64
+    counts: npt.NDArray[Any]  # the narrowest of uint16, uint32, int64 that holds every count
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +104,12 @@ class _Chunk:
 
     def with_order(self, position: npt.NDArray[np.int64]) -> _Chunk:
         return _Chunk(
-            position[self.t], self.leaf, self.nnz, self.overflows, self.indices, self.counts
+            position[self.t].astype(np.int32),
+            self.leaf,
+            self.nnz,
+            self.overflows,
+            self.indices,
+            self.counts,
         )
 
 
@@ -139,14 +144,15 @@ class _ChunkBuilder:
             counts.append(interval.counts[picked])
         self.parts = []
         all_counts = np.concatenate(counts)
-        small = not all_counts.size or int(all_counts.max()) < 2**32
+        largest = int(all_counts.max()) if all_counts.size else 0
+        narrow = next((d for d in (np.uint16, np.uint32) if largest <= np.iinfo(d).max), None)
         return _Chunk(
-            np.concatenate(t),
-            np.concatenate(leaf),
-            np.concatenate(nnz),
+            np.concatenate(t).astype(np.int32),
+            np.concatenate(leaf).astype(np.int32),
+            np.concatenate(nnz).astype(np.int32),
             np.concatenate(overflows),
             np.concatenate(indices).astype(np.uint16),
-            all_counts.astype(np.uint32) if small else all_counts,
+            all_counts if narrow is None else all_counts.astype(narrow),
         )
 
 
@@ -231,7 +237,7 @@ class RangeStats:
                 grown[: pooled.shape[0]] = pooled
                 pooled = grown
             rows = chunk.entry_rows()
-            flat = chunk.leaf[rows] * DENSE + chunk.indices
+            flat = chunk.leaf[rows].astype(np.int64) * DENSE + chunk.indices
             pooled += (
                 np.bincount(flat, weights=chunk.counts, minlength=leaves * DENSE)
                 .reshape(leaves, DENSE)
@@ -378,7 +384,7 @@ class RangeStats:
                 if not rows_in.any():
                     continue
                 entries = rows_in[rows]
-                local = chunk.t[rows[entries]] - first
+                local = chunk.t[rows[entries]].astype(np.int64) - first
                 dense = np.bincount(
                     local * DENSE + chunk.indices[entries],
                     weights=chunk.counts[entries],
