@@ -1,0 +1,207 @@
+"""Two hosts on one machine: two ``tailsight serve`` agents, each in its own network namespace
+(a veth to the root namespace) and restricted to its own cgroup subtree (``--cgroup-root``),
+scraped as two ``instance``s by one real Prometheus. A CPU hog starts beside host A's victim;
+``explain --prometheus`` must name host A, its victim cgroup and the hog as the aggressor, and
+show no jump on host B (whose victim runs on another CPU all along)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tailsight.analysis.inject import HOG_CODE, VICTIM_CODE
+from tailsight.analysis.promsource import PrometheusSource, read_documents
+from tailsight.cli.main import app
+from tailsight.workload import Workload, private_base, python_task
+from tests.prometheus_server import PROMETHEUS, Prometheus, prometheus_scraping
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+PORT = 9435
+AGENT_INTERVAL_S = 0.5
+SCRAPE_S = 1.0
+BASELINE_S = 25.0
+FAULT_S = 20.0
+HOG_CPU = 0
+
+
+def _ip(*argv: str) -> None:
+    result = subprocess.run(["ip", *argv], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(argv)}: {result.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def host_netns(tag: str, subnet: int) -> Iterator[tuple[str, str]]:
+    """A namespace joined to the root one by a veth; yields (namespace, its address)."""
+    namespace = f"tsfleet-{os.getpid()}-{tag}"
+    outside, inside = f"tf{os.getpid() % 10000}{tag}o", f"tf{os.getpid() % 10000}{tag}i"
+    address = f"10.231.{subnet}.2"
+    _ip("netns", "add", namespace)
+    try:
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", namespace)
+        _ip("addr", "add", f"10.231.{subnet}.1/30", "dev", outside)
+        _ip("link", "set", outside, "up")
+        _ip("-n", namespace, "addr", "add", f"{address}/30", "dev", inside)
+        _ip("-n", namespace, "link", "set", inside, "up")
+        _ip("-n", namespace, "link", "set", "lo", "up")
+        yield namespace, address
+    finally:
+        # Deleting the namespace deletes its veth end, and with it the peer in the root one.
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", outside], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def agent(namespace: str, address: str, subtree: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``tailsight serve`` inside ``namespace``, exporting only ``subtree``."""
+    # nsenter --net, not `ip netns exec`: that also remounts /sys, hiding the cgroup2 mount.
+    command = [
+        "nsenter",
+        f"--net=/run/netns/{namespace}",
+        str(Path(sys.executable).with_name("tailsight")),
+        "serve",
+        "--probe",
+        "runqueue",
+        "--interval",
+        str(AGENT_INTERVAL_S),
+        "--listen",
+        f"{address}:{PORT}",
+        "--cgroup-root",
+        subtree,
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _wait_scraped(
+    prometheus: Prometheus, instances: Sequence[str], agents: Sequence[subprocess.Popen[bytes]]
+) -> None:
+    deadline = time.monotonic() + 150
+    while True:
+        for proc in agents:
+            if proc.poll() is not None:
+                said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise AssertionError(f"an agent exited: {said}")
+        found = {
+            r["metric"]["instance"] for r in prometheus.query("tailsight_intervals_total >= 2")
+        }
+        if set(instances) <= found:
+            return
+        assert time.monotonic() < deadline, f"agents not scraped after 150 s: {found}"
+        time.sleep(0.5)
+
+
+def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path: Path) -> None:
+    if not Path(PROMETHEUS).exists():
+        pytest.skip("kernel: /usr/bin/prometheus missing (run `make setup`)")
+    base = private_base("fleet")
+    other_cpu = max(os.sched_getaffinity(0) - {HOG_CPU}, default=HOG_CPU)
+    host_a, host_b = f"{base}/host-a", f"{base}/host-b"
+    victims_a = Workload([python_task("victim", VICTIM_CODE, cpu=HOG_CPU)], base=host_a)
+    victims_b = Workload([python_task("victim", VICTIM_CODE, cpu=other_cpu)], base=host_b)
+    with contextlib.ExitStack() as stack:
+        # Ours (this process, Prometheus, the agents: children inherit it) stay off the hog's
+        # CPU all along: nothing of ours moves onto host B's CPU when the hog starts.
+        affinity = os.sched_getaffinity(0)
+        stack.callback(os.sched_setaffinity, 0, affinity)
+        os.sched_setaffinity(0, {other_cpu})
+        stack.enter_context(victims_a)
+        stack.enter_context(victims_b)
+        ns_a, address_a = stack.enter_context(host_netns("a", 1))
+        ns_b, address_b = stack.enter_context(host_netns("b", 2))
+        agents = [
+            stack.enter_context(agent(ns_a, address_a, f"/{host_a}")),
+            stack.enter_context(agent(ns_b, address_b, f"/{host_b}")),
+        ]
+        instance_a, instance_b = f"{address_a}:{PORT}", f"{address_b}:{PORT}"
+        targets = {"tailsight": [instance_a, instance_b]}
+        prometheus = stack.enter_context(prometheus_scraping(targets, tmp_path, SCRAPE_S))
+        _wait_scraped(prometheus, [instance_a, instance_b], agents)
+        since = time.time()
+        time.sleep(BASELINE_S)
+        hog = Workload([python_task("hog", HOG_CODE, cpu=HOG_CPU)], base=host_a)
+        with hog:
+            injected = time.time()
+            time.sleep(FAULT_S)
+        time.sleep(2 * SCRAPE_S)  # the last scrapes of the fault
+        until = time.time()
+        result = CliRunner().invoke(
+            app,
+            [
+                "explain",
+                "--prometheus",
+                prometheus.url,
+                "--since",
+                f"{since:.3f}",
+                "--until",
+                f"{until:.3f}",
+                "--json",
+            ],
+        )
+        documents, _ = read_documents(PrometheusSource(prometheus.url), since, until)
+    # Both hosts' victims were read back, each only from its own agent.
+    counts: dict[tuple[str, str], int] = {}
+    for document in documents:
+        for series in document.series:
+            key = (series.labels.get("instance", ""), series.labels.get("cgroup", ""))
+            counts[key] = counts.get(key, 0) + series.hist.count
+    assert counts.get((instance_b, victims_b.cgroup_path("victim")), 0) > 1000, counts
+    for instance, cgroup in counts:
+        own = f"/{host_a}" if instance == instance_a else f"/{host_b}"
+        assert cgroup.startswith(own) or cgroup == "other", (instance, cgroup)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    victim_a = victims_a.cgroup_path("victim")
+    mine = [
+        j
+        for j in report["jumps"]
+        if j["series"].get("instance") == instance_a and j["series"].get("cgroup") == victim_a
+    ]
+    assert mine, [j["series"] for j in report["jumps"]]
+    jump = min(mine, key=lambda j: j["change_start_ns"])
+    assert jump["direction"] == "up"
+    timeline = [
+        (round(d.start_ns / 1e9 - injected, 1), s.hist.count, round(s.hist.quantile(0.99) / 1e3))
+        for d in documents
+        for s in d.series
+        if s.labels.get("cgroup") == victim_a
+    ]
+    # Dated from coarse buckets in 1 s steps on a shared 2-core machine: a few steps late at worst.
+    late_s = jump["change_start_ns"] / 1e9 - injected
+    assert -2 * SCRAPE_S <= late_s <= 6 * SCRAPE_S, (late_s, timeline)
+    assert jump["displacement"]["aggressors"][0]["aggressor"] == hog.cgroup_path("hog")
+    # Host B: no jump of any of its series, and nothing of A's subtree in B's series (or of B's
+    # in A's): each agent exported its own subtree only.
+    on_b = [j for j in report["jumps"] if j["series"].get("instance") == instance_b]
+    assert not on_b, [
+        (j["series"], j["before_ns"], j["after_ns"], j["change_start_ns"] / 1e9 - injected)
+        for j in on_b
+    ]
+    cgroups = {j["series"].get("cgroup", "") for j in report["jumps"] if "instance" in j["series"]}
+    assert all(c.startswith(f"/{host_a}") for c in cgroups), cgroups
+
+
+def test_cgroup_root_that_does_not_exist_is_bad_input(kernel_ready: None) -> None:
+    result = CliRunner().invoke(app, ["serve", "--cgroup-root", "/tailsight-no-such-cgroup"])
+    assert result.exit_code == 2, result.output
+    assert "no cgroup /tailsight-no-such-cgroup under" in " ".join(result.output.split())
