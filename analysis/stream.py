@@ -191,9 +191,9 @@ class RangeStats:
         leaf_ids: dict[LabelKey, int] = {}
         row_ids: dict[tuple[str, LabelKey], int] = {}
         maps: dict[int, _LayoutMap] = {}
-        pooled = np.zeros((0, DENSE), dtype=np.int64)
+        pooled = np.zeros((0, DENSE))  # float64 sums of counts: exact below 2**53
         keys: list[tuple[int, int]] = []
-        volumes: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]] = []
+        volumes: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], FloatArray]] = []
         values: list[tuple[npt.NDArray[np.int64], FloatArray]] = []
         cached: list[_Chunk] | None = []
         kept = 0
@@ -233,19 +233,16 @@ class RangeStats:
                 return
             leaves = len(leaf_ids)
             if pooled.shape[0] < leaves:
-                grown = np.zeros((leaves, DENSE), dtype=np.int64)
+                grown = np.zeros((leaves, DENSE))
                 grown[: pooled.shape[0]] = pooled
                 pooled = grown
             rows = chunk.entry_rows()
             flat = chunk.leaf[rows].astype(np.int64) * DENSE + chunk.indices
-            pooled += (
-                np.bincount(flat, weights=chunk.counts, minlength=leaves * DENSE)
-                .reshape(leaves, DENSE)
-                .astype(np.int64)
-            )
+            cells = pooled.reshape(-1)  # a view: adds in place
+            cells += np.bincount(flat, weights=chunk.counts, minlength=leaves * DENSE)
             pooled[:, NUM_BUCKETS] += np.bincount(
                 chunk.leaf, weights=chunk.overflows, minlength=leaves
-            ).astype(np.int64)
+            )
             totals = np.bincount(rows, weights=chunk.counts, minlength=len(chunk.nnz))
             volumes.append((chunk.t, chunk.leaf, np.asarray(totals + chunk.overflows, np.float64)))
             if cached is not None and kept + chunk.nbytes <= cache_bytes:
@@ -294,7 +291,7 @@ class RangeStats:
             starts,
             ends,
             leaves,
-            pooled[: len(leaves)] if len(leaves) else np.zeros((0, DENSE), dtype=np.int64),
+            pooled[: len(leaves)].astype(np.int64),
             volume,
             counters,
             order,
