@@ -401,7 +401,7 @@ def views(leaves: Iterable[LabelKey], aggregates: bool = True) -> dict[LabelKey,
         if "probe" not in labels:
             continue
         # Per probe, and per host where the series come from several (--prometheus: instance).
-        probe = tuple((k, labels[k]) for k in ("instance", "probe") if k in labels)
+        probe: LabelKey = tuple((k, labels[k]) for k in ("instance", "probe") if k in labels)
         grouped.setdefault(probe, []).append(key)
         if "cgroup" in labels and len(labels) > len(probe) + 1:
             grouped.setdefault(
