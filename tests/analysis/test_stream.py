@@ -10,7 +10,8 @@ import pytest
 
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents, explain_recording
 from tailsight.collector.store import Recording, RecordingWriter
-from tailsight.histfile import HistDocument
+from tailsight.hist import Histogram
+from tailsight.histfile import HistDocument, Series
 from tests.analysis.dense_explain import dense_explain
 from tests.analysis.test_causes import migration_documents, tcp_documents
 from tests.analysis.test_explain import hog_documents, incident_documents, mix_documents
@@ -61,3 +62,25 @@ def test_streaming_equals_dense_with_selector_and_range(tmp_path: Path) -> None:
     streamed = explain_recording(Recording(tmp_path / "rec"), selector, CONFIG, since, until)
     _same(streamed, dense)
     assert streamed.intervals == len(inside) == 51
+
+
+@pytest.mark.parametrize("scale", [70_000, 2**33])  # counts beyond uint16, beyond uint32
+def test_large_counts_keep_their_width(scale: int, tmp_path: Path) -> None:
+    documents = [
+        HistDocument(
+            d.start_ns,
+            d.end_ns,
+            [
+                Series(s.labels, Histogram(s.hist.counts * scale, overflow=s.hist.overflow))
+                for s in d.series
+            ],
+            d.counters,
+        )
+        for d in hog_documents()
+    ]
+    dense = dense_explain(documents, config=CONFIG)
+    assert dense.incidents
+    with RecordingWriter(tmp_path / "rec", fsync=False) as writer:
+        for document in documents:
+            writer.append(document)
+    _same(explain_recording(Recording(tmp_path / "rec"), config=CONFIG), dense)
