@@ -124,8 +124,9 @@ def prometheus_scraping(
                     f"{prometheus.url}/-/ready", timeout=2, context=unverified
                 ):
                     break
-            except urllib.error.HTTPError:
-                break  # 401: up, and asking for the credentials
+            except urllib.error.HTTPError as error:
+                if error.code == 401:
+                    break  # up, and asking for the credentials (503: still starting)
             except OSError:
                 pass
             assert time.monotonic() < deadline, "prometheus not ready after 60 s"
