@@ -42,8 +42,13 @@
  *
  * Lost events are counted in migration_dropped_events (DROP_* below).
  *
- * Tunables (-D): MIGRATION_MAX_CPUS (size of the CPU -> node map), MIGRATION_MAX_CELLS.
+ * Storage: cgroup id -> slot (an 8-entry per-CPU cache in front of a hash, include/slots.bpf.h),
+ * then one 64-byte row of counters per slot in an array (atomic adds, mmap-ed by user space).
+ *
+ * Tunables (-D): MIGRATION_MAX_CPUS (size of the CPU -> node map), MIGRATION_MAX_SLOTS (cgroups
+ * told apart; set by migration.py).
  */
+#include "slots.bpf.h"
 #include "task.bpf.h"
 
 #ifndef TASK_CPU_OFF
@@ -52,9 +57,11 @@
 #ifndef MIGRATION_MAX_CPUS
 #define MIGRATION_MAX_CPUS 8192
 #endif
-#ifndef MIGRATION_MAX_CELLS
-#define MIGRATION_MAX_CELLS 16384
+#ifndef MIGRATION_MAX_SLOTS
+#define MIGRATION_MAX_SLOTS 1024
 #endif
+#define SLOT_CACHE 8 /* per-CPU cgroup id -> slot entries, a power of two */
+#define KINDS_ROW 8  /* counters per slot: five kinds, padded to one 64-byte cache line */
 
 /* Counter kinds (index into migration.py's KINDS). */
 #define KIND_MIGRATION 0
@@ -64,7 +71,7 @@
 #define KIND_NUMA_STICK 4
 
 /* Drop reasons (index into migration_dropped_events). */
-#define DROP_COUNTER_FULL 0
+#define DROP_COUNTER_FULL 0     /* a cgroup beyond MIGRATION_MAX_SLOTS: its events are lost */
 #define DROP_CPU_OUT_OF_RANGE 1 /* a CPU beyond the node map: node unknown, cross-node skipped */
 #define DROP_REASONS 2
 
@@ -72,12 +79,6 @@
 #define CONFIG_FILTER_ON 0
 #define CONFIG_SELFCHECK_TID 1
 #define CONFIG_SLOTS 2
-
-struct migration_key {
-    u64 cgroup_id;
-    u32 kind;
-    u32 pad; /* keys are hashed bytewise: keep the padding explicit and zero */
-};
 
 /* The last migration of the self-check thread, as read through our offsets. */
 struct migration_selfcheck {
@@ -87,7 +88,24 @@ struct migration_selfcheck {
     u32 dest_cpu;
 };
 
-BPF_HASH(migration_counts, struct migration_key, u64, MIGRATION_MAX_CELLS);
+struct migration_slot_cached {
+    u64 cgroup_id;
+    u32 slot;
+    u32 pad;
+};
+
+struct migration_cpu {
+    struct migration_slot_cached cache[SLOT_CACHE];
+};
+
+/* cgroup id -> slot and the claim of each slot (include/slots.bpf.h). */
+BPF_HASH(migration_slots, u64, u32, MIGRATION_MAX_SLOTS);
+BPF_HASH(migration_slot_owner, u32, u64, MIGRATION_MAX_SLOTS);
+BPF_ARRAY(migration_slot_hint, u32, 1);
+BPF_PERCPU_ARRAY(migration_cpu_state, struct migration_cpu, 1);
+/* slot * KINDS_ROW + kind -> count (atomic adds; user space maps it). */
+BPF_F_TABLE("array", u32, u64, migration_counts, MIGRATION_MAX_SLOTS * KINDS_ROW,
+            BPF_F_MMAPABLE);
 BPF_ARRAY(migration_cpu_node, u32, MIGRATION_MAX_CPUS);
 BPF_HASH(migration_cgroup_allow, u64, u8, 4096);
 BPF_ARRAY(migration_config, u32, CONFIG_SLOTS);
@@ -109,23 +127,72 @@ static __always_inline u32 config(u32 slot)
     return value ? *value : 0;
 }
 
+/* migration_slots' three operations for slot_claim (include/slots.bpf.h). */
+static __always_inline int slot_own(u32 *slot, const void *cgroup_id)
+{
+    return migration_slot_owner.insert(slot, (u64 *)cgroup_id);
+}
+
+static __always_inline int slot_bind(const void *cgroup_id, u32 *slot)
+{
+    return migration_slots.insert((u64 *)cgroup_id, slot);
+}
+
+static __always_inline u32 *slot_find(const void *cgroup_id)
+{
+    return migration_slots.lookup((u64 *)cgroup_id);
+}
+
+/* The counter row of a cgroup: this CPU's small cache, then the hash, then a new claim. */
+static __always_inline s32 slot_of(u64 cgroup_id)
+{
+    u32 zero = 0;
+    struct migration_cpu *cpu = migration_cpu_state.lookup(&zero);
+    struct migration_slot_cached *cached;
+    u32 *hint;
+    u32 *known;
+    s32 slot;
+
+    if (!cpu)
+        return -1;
+    cached = &cpu->cache[cgroup_id & (SLOT_CACHE - 1)];
+    if (cached->cgroup_id == cgroup_id && cgroup_id)
+        return cached->slot;
+    known = migration_slots.lookup(&cgroup_id);
+    if (known) {
+        slot = (s32)*known;
+    } else {
+        hint = migration_slot_hint.lookup(&zero);
+        if (!hint)
+            return -1;
+        slot = slot_claim(hint, 0, MIGRATION_MAX_SLOTS, &cgroup_id, slot_own, slot_bind,
+                          slot_find);
+        if (slot < 0)
+            return -1;
+    }
+    cached->cgroup_id = cgroup_id;
+    cached->slot = (u32)slot;
+    return slot;
+}
+
 /* Adds one to (cgroup, kind) unless a cgroup filter is on and excludes the cgroup. */
 static __always_inline void count(u64 cgroup_id, u32 kind)
 {
-    struct migration_key key = {};
-    u64 zero = 0;
+    s32 slot;
+    u32 cell;
     u64 *value;
 
     if (config(CONFIG_FILTER_ON) && !migration_cgroup_allow.lookup(&cgroup_id))
         return;
-    key.cgroup_id = cgroup_id;
-    key.kind = kind;
-    value = migration_counts.lookup_or_try_init(&key, &zero);
-    if (!value) {
+    slot = slot_of(cgroup_id);
+    if (slot < 0) {
         count_drop(DROP_COUNTER_FULL);
         return;
     }
-    __sync_fetch_and_add(value, 1);
+    cell = (u32)slot * KINDS_ROW + kind;
+    value = migration_counts.lookup(&cell);
+    if (value)
+        __sync_fetch_and_add(value, 1);
 }
 
 /* The CPU the task is on (before set_task_cpu updates it). */

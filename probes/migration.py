@@ -18,8 +18,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+import numpy as np
+
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import hash_map_fill, sync_cgroup_allow
+from tailsight.probes.bccprobe import (
+    MappedArray,
+    hash_map_fill,
+    release_slots,
+    slot_ids,
+    steer_slot_hint,
+    sync_cgroup_allow,
+)
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
@@ -41,6 +50,10 @@ VMSTAT_COUNTERS: Final = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_mig
 HOST_PREFIX: Final = "host_"
 HOST_LABELS: Final = labels(scope="host")
 MAX_CPUS: Final = 8192  # MIGRATION_MAX_CPUS in migration.bpf.c
+MAX_SLOTS: Final = 1024
+"""Cgroups the probe tells apart (-DMIGRATION_MAX_SLOTS): one 64-byte counter row each, 64 KiB
+shared by all CPUs, plus an 8-entry slot cache per CPU."""
+KINDS_ROW: Final = 8  # counters per slot row in migration.bpf.c
 _CONFIG_FILTER_ON: Final = 0
 _CONFIG_SELFCHECK_TID: Final = 1
 
@@ -98,6 +111,7 @@ class MigrationProbe:
         self._self_check = self_check
         self._cpu_offset_override = task_cpu_offset_override
         self._bpf: Any = None
+        self._counts: MappedArray | None = None
         self._links: list[Any] = []
         self.attach_mode: str | None = None
         """``tp_btf`` or ``raw_tp`` once attached."""
@@ -141,7 +155,10 @@ class MigrationProbe:
         try:
             bpf, attached, self.attach_fallback = attach_best(
                 PROBE_NAME,
-                lambda extra: compile_probe(PROBE_NAME, [f"-DTASK_CPU_OFF={cpu_offset}", *extra]),
+                lambda extra: compile_probe(
+                    PROBE_NAME,
+                    [f"-DTASK_CPU_OFF={cpu_offset}", f"-DMIGRATION_MAX_SLOTS={MAX_SLOTS}", *extra],
+                ),
                 prepare,
                 wanted,
             )
@@ -189,14 +206,37 @@ class MigrationProbe:
             raise RuntimeError("probe not attached")
         taken_ns = time.time_ns()
         counters: dict[tuple[str, Labels], int] = {}
-        for key, value in self._bpf[b"migration_counts"].items():
-            counters[(KINDS[key.kind], labels(cgroup=int(key.cgroup_id)))] = int(value.value)
+        cgroup_of = slot_ids(self._bpf[b"migration_slots"])
+        slots = sorted(cgroup_of)
+        steer_slot_hint(self._bpf, PROBE_NAME, slots, 0, MAX_SLOTS)
+        rows = self._mapped_counts().array[slots, : len(KINDS)].copy()
+        for row, slot in zip(rows, slots, strict=True):
+            for kind in row.nonzero()[0]:
+                counters[(KINDS[kind], labels(cgroup=cgroup_of[slot]))] = int(row[kind])
         drops = self._bpf[b"migration_dropped_events"]
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
         for name, value in read_vmstat(self._proc_root).items():
             counters[(HOST_PREFIX + name, HOST_LABELS)] = value
         return Snapshot(PROBE_NAME, taken_ns, {}, counters)
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        """Clear removed cgroups' counter rows and give their slots back."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        table = self._bpf[b"migration_slots"]
+        gone = sorted(
+            slot for slot, cgroup_id in slot_ids(table).items() if cgroup_id in cgroup_ids
+        )
+        if gone:
+            self._mapped_counts().zero(np.s_[gone])
+            release_slots(self._bpf, PROBE_NAME, [table.Key(cgroup_id) for cgroup_id in cgroup_ids])
+
+    def _mapped_counts(self) -> MappedArray:
+        if self._counts is None:
+            table = self._bpf[b"migration_counts"]
+            self._counts = MappedArray(table, np.uint64, (MAX_SLOTS, KINDS_ROW))
+        return self._counts
 
     def attachment(self) -> Any:
         """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
@@ -220,6 +260,9 @@ class MigrationProbe:
         """Detach and free the maps; safe to call twice."""
         while self._links:
             self._links.pop().close()
+        if self._counts is not None:
+            self._counts.close()
+            self._counts = None
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None

@@ -61,6 +61,7 @@
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
+#include "slots.bpf.h"
 #include "task.bpf.h"
 
 #if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(NR_SENDTO) || !defined(NR_RECVFROM) ||       \
@@ -76,7 +77,6 @@
 #define NETSYSCALL_MAX_ERRORS 4096
 #endif
 #define SERIES_CACHE 4 /* per-CPU (cgroup, syscall) -> slot entries, a power of two */
-#define SLOT_CLAIM_TRIES 4
 #define HIST_ROW (HIST_NUM_BUCKETS + 1) /* finite buckets, then overflow */
 
 /* Drop reasons (index into netsyscall_dropped_events). */
@@ -194,31 +194,31 @@ static __always_inline void send_outlier(void *ctx, u64 cgroup_id, u64 duration_
         count_outlier_drop(OUTLIER_DROP_RINGBUF_FULL);
 }
 
-/* A free series slot for a (cgroup, syscall) seen for the first time (-1: none left); see
- * runqueue.bpf.c's claim_slot for why a no-exist insert stands in for fetch-and-add. */
+/* netsyscall_slots' three operations for slot_claim (include/slots.bpf.h). */
+static __always_inline int slot_own(u32 *slot, const void *key)
+{
+    return netsyscall_slot_owner.insert(slot, (struct netsyscall_series_key *)key);
+}
+
+static __always_inline int slot_bind(const void *key, u32 *slot)
+{
+    return netsyscall_slots.insert((struct netsyscall_series_key *)key, slot);
+}
+
+static __always_inline u32 *slot_find(const void *key)
+{
+    return netsyscall_slots.lookup((struct netsyscall_series_key *)key);
+}
+
+/* A free series slot for a (cgroup, syscall) seen for the first time (-1: none left). */
 static __always_inline s32 claim_slot(struct netsyscall_series_key *key)
 {
     u32 zero = 0;
     u32 *hint = netsyscall_slot_hint.lookup(&zero);
-    u32 *winner;
-    u32 slot;
 
     if (!hint)
         return -1;
-    slot = *hint;
-    for (int try = 0; try < SLOT_CLAIM_TRIES; try++) {
-        if (slot >= NETSYSCALL_MAX_SERIES)
-            return -1;
-        if (netsyscall_slot_owner.insert(&slot, key) == 0) {
-            *hint = slot + 1;
-            if (netsyscall_slots.insert(key, &slot) == 0)
-                return slot;
-            winner = netsyscall_slots.lookup(key);
-            return winner ? (s32)*winner : -1;
-        }
-        slot++;
-    }
-    return -1;
+    return slot_claim(hint, 0, NETSYSCALL_MAX_SERIES, key, slot_own, slot_bind, slot_find);
 }
 
 static __always_inline s32 series_slot(u64 cgroup_id, u32 nr)

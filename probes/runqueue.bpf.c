@@ -55,6 +55,7 @@
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
+#include "slots.bpf.h"
 #include "task.bpf.h"
 
 #if !defined(SCHED_INFO_LAST_QUEUED_OFF) || !defined(TASK_SE_CFS_RQ_OFF) ||                    \
@@ -65,7 +66,6 @@
 #define RUNQUEUE_SLOT_CACHE 4 /* per-CPU cgroup id -> slot entries, a power of two */
 #endif
 #define SLOT_UNKNOWN 0xffffffffU
-#define SLOT_CLAIM_TRIES 4
 #define HIST_ROW (HIST_NUM_BUCKETS + 1) /* finite buckets, then overflow */
 
 /* Drop reasons (index into runqueue_dropped_events). */
@@ -158,34 +158,31 @@ static __always_inline void send_outlier(void *ctx, u64 wait_ns)
         count_outlier_drop(OUTLIER_DROP_RINGBUF_FULL);
 }
 
-/* A free slot for a cgroup seen for the first time (-1: none left).  Without atomic
- * fetch-and-add (bcc's target lacks it) a slot is claimed by a no-exist insert into
- * runqueue_slot_owner; a CPU losing the race for the same cgroup wastes its claim. */
+/* runqueue_slots' three operations for slot_claim (include/slots.bpf.h). */
+static __always_inline int slot_own(u32 *slot, const void *cgroup_id)
+{
+    return runqueue_slot_owner.insert(slot, (u64 *)cgroup_id);
+}
+
+static __always_inline int slot_bind(const void *cgroup_id, u32 *slot)
+{
+    return runqueue_slots.insert((u64 *)cgroup_id, slot);
+}
+
+static __always_inline u32 *slot_find(const void *cgroup_id)
+{
+    return runqueue_slots.lookup((u64 *)cgroup_id);
+}
+
+/* A free slot (from 1: slot 0 is the idle aggressor) for a cgroup seen for the first time. */
 static __always_inline s32 claim_slot(u64 cgroup_id)
 {
     u32 zero = 0;
     u32 *hint = runqueue_slot_hint.lookup(&zero);
-    u32 *winner;
-    u32 slot;
 
     if (!hint)
         return -1;
-    slot = *hint;
-    for (int try = 0; try < SLOT_CLAIM_TRIES; try++) {
-        if (slot == 0)
-            slot = 1;
-        if (slot >= RUNQUEUE_MAX_SLOTS)
-            return -1;
-        if (runqueue_slot_owner.insert(&slot, &cgroup_id) == 0) {
-            *hint = slot + 1;
-            if (runqueue_slots.insert(&cgroup_id, &slot) == 0)
-                return slot;
-            winner = runqueue_slots.lookup(&cgroup_id);
-            return winner ? (s32)*winner : -1;
-        }
-        slot++;
-    }
-    return -1;
+    return slot_claim(hint, 1, RUNQUEUE_MAX_SLOTS, &cgroup_id, slot_own, slot_bind, slot_find);
 }
 
 /* The slot of a cgroup: this CPU's small cache, then the hash, then a new claim. */

@@ -184,6 +184,20 @@ def test_cross_node_counts_with_a_synthetic_two_node_map(probe: MigrationProbe) 
 
 
 @pytest.mark.kernel
+def test_forget_clears_the_row_and_gives_the_slot_back(probe: MigrationProbe) -> None:
+    cgroup_id, kernel_delta, _ = _run_mover(probe, "forget")
+    key = ("task_migrations", labels(cgroup=cgroup_id))
+    assert probe.read().counters[key] >= kernel_delta >= FLIPS
+    probe.forget({cgroup_id})
+    assert key not in probe.read().counters
+    slots = probe._bpf[b"migration_slots"]  # the kernel's own slot table
+    assert cgroup_id not in {int(key.value) for key in slots}
+    # The freed slot serves the next new cgroup, counted from zero: exactly its migrations.
+    other_id, other_delta, interval = _run_mover(probe, "after")
+    assert interval.counters[("task_migrations", labels(cgroup=other_id))] == other_delta
+
+
+@pytest.mark.kernel
 def test_cgroup_filter_excludes_other_cgroups(probe: MigrationProbe) -> None:
     probe.set_cgroup_filter([1])  # the root cgroup only; the mover lives elsewhere
     try:
