@@ -11,8 +11,8 @@ help:  ## list the targets
 setup:  ## system packages, kernel headers, venv with bcc + Python deps (idempotent, root)
 	@bash scripts/setup.sh
 
-demo: setup  ## live run-queue trace of a built-in contention workload
-	$(PY) -m tailsight.demo
+demo: setup  ## the whole story in < 2 min: trading system, agent, replay, noisy neighbour, explain
+	$(PY) -m tailsight.demo $(DEMO_ARGS)
 
 test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode
 	$(VENV)/bin/ruff check .
