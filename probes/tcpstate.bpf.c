@@ -44,22 +44,25 @@
  *
  * Lost samples are counted in tcpstate_dropped_events (DROP_* below).
  *
- * Tunables (-D): TCPSTATE_MAX_SOCKS, TCPSTATE_MAX_CELLS, TCPSTATE_MAX_SERIES,
+ * Storage: series -> slot (a 16-entry per-CPU cache in front of a hash, include/slots.bpf.h),
+ * then a histogram row and an exact sum per slot in arrays (atomic adds, mmap-ed by user space).
+ *
+ * Tunables (-D): TCPSTATE_MAX_SOCKS, TCPSTATE_MAX_SERIES (set by tcpstate.py),
  * TCPSTATE_MAX_CGROUPS, TCPSTATE_PORT_LABELS (label series with allow-listed ports),
  * TCPSTATE_RETRANSMIT_HAS_ERR (the tracepoint's third argument is err).
  */
 #include "hist.bpf.h"
+#include "slots.bpf.h"
 #include "sock.bpf.h"
 
 #ifndef TCPSTATE_MAX_SOCKS
 #define TCPSTATE_MAX_SOCKS 65536
 #endif
-#ifndef TCPSTATE_MAX_CELLS
-#define TCPSTATE_MAX_CELLS 65536
-#endif
 #ifndef TCPSTATE_MAX_SERIES
-#define TCPSTATE_MAX_SERIES 8192
+#define TCPSTATE_MAX_SERIES 512
 #endif
+#define SERIES_CACHE 16 /* per-CPU series -> slot entries, a power of two */
+#define HIST_ROW (HIST_NUM_BUCKETS + 1) /* finite buckets, then overflow */
 #ifndef TCPSTATE_MAX_CGROUPS
 #define TCPSTATE_MAX_CGROUPS 4096
 #endif
@@ -79,7 +82,7 @@
 
 /* Drop reasons (index into tcpstate_dropped_events). */
 #define DROP_SOCK_TABLE 0 /* no room to track a socket */
-#define DROP_HIST_FULL 1
+#define DROP_HIST_FULL 1 /* no series slot left */
 #define DROP_COUNTER_FULL 2
 #define DROP_REASONS 3
 
@@ -106,10 +109,14 @@ struct tcpstate_series {
     u8 pad[3];
 };
 
-struct tcpstate_cell {
+struct tcpstate_series_cached {
     struct tcpstate_series series;
-    u32 bucket;
+    u32 slot;
     u32 pad;
+};
+
+struct tcpstate_cpu {
+    struct tcpstate_series_cached cache[SERIES_CACHE];
 };
 
 /* What the attach-time self-check connection looked like through our offsets. */
@@ -124,8 +131,15 @@ struct tcpstate_selfcheck {
 };
 
 BPF_TABLE("lru_hash", u64, struct tcpstate_sock, tcpstate_socks, TCPSTATE_MAX_SOCKS);
-BPF_HASH(tcpstate_hist, struct tcpstate_cell, u64, TCPSTATE_MAX_CELLS);
-BPF_HASH(tcpstate_totals, struct tcpstate_series, struct hist_totals, TCPSTATE_MAX_SERIES);
+/* series -> slot and the claim of each slot (include/slots.bpf.h). */
+BPF_HASH(tcpstate_slots, struct tcpstate_series, u32, TCPSTATE_MAX_SERIES);
+BPF_HASH(tcpstate_slot_owner, u32, struct tcpstate_series, TCPSTATE_MAX_SERIES);
+BPF_ARRAY(tcpstate_slot_hint, u32, 1);
+BPF_PERCPU_ARRAY(tcpstate_cpu_state, struct tcpstate_cpu, 1);
+/* Row per series slot: bucket counts, and the exact sum beside it (atomic adds; user space
+ * maps both; the count is the row's sum). */
+BPF_F_TABLE("array", u32, u64, tcpstate_hist, TCPSTATE_MAX_SERIES * HIST_ROW, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, u64, tcpstate_sum_ns, TCPSTATE_MAX_SERIES, BPF_F_MMAPABLE);
 BPF_HASH(tcpstate_retransmits, u64, u64, TCPSTATE_MAX_CGROUPS);
 BPF_HASH(tcpstate_retransmit_failures, u64, u64, TCPSTATE_MAX_CGROUPS);
 BPF_HASH(tcpstate_cgroup_allow, u64, u8, TCPSTATE_MAX_CGROUPS);
@@ -173,25 +187,86 @@ static __always_inline u16 port_label(const void *sk)
     return 0;
 }
 
+/* tcpstate_slots' three operations for slot_claim (include/slots.bpf.h). */
+static __always_inline int slot_own(u32 *slot, const void *series)
+{
+    return tcpstate_slot_owner.insert(slot, (struct tcpstate_series *)series);
+}
+
+static __always_inline int slot_bind(const void *series, u32 *slot)
+{
+    return tcpstate_slots.insert((struct tcpstate_series *)series, slot);
+}
+
+static __always_inline u32 *slot_find(const void *series)
+{
+    return tcpstate_slots.lookup((struct tcpstate_series *)series);
+}
+
+/* The slot of a series: this CPU's small cache, then the hash, then a new claim (-1: full). */
+static __always_inline s32 series_slot(struct tcpstate_series *series)
+{
+    u32 zero = 0;
+    struct tcpstate_cpu *cpu = tcpstate_cpu_state.lookup(&zero);
+    struct tcpstate_series_cached *cached;
+    u64 tag = series->cgroup_id ^ ((u64)series->kind << 16 | (u64)series->from_state << 8 |
+                                   series->to_state | (u64)series->port << 20);
+    u32 *known;
+    u32 *hint;
+    s32 slot;
+
+    if (!cpu)
+        return -1;
+    cached = &cpu->cache[(tag ^ (tag >> 8)) & (SERIES_CACHE - 1)];
+    if (cached->series.cgroup_id == series->cgroup_id && cached->series.port == series->port &&
+        cached->series.kind == series->kind && cached->series.from_state == series->from_state &&
+        cached->series.to_state == series->to_state && cached->series.cgroup_id)
+        return cached->slot;
+    known = tcpstate_slots.lookup(series);
+    if (known) {
+        slot = (s32)*known;
+    } else {
+        hint = tcpstate_slot_hint.lookup(&zero);
+        if (!hint)
+            return -1;
+        slot = slot_claim(hint, 0, TCPSTATE_MAX_SERIES, series, slot_own, slot_bind, slot_find);
+        if (slot < 0)
+            return -1;
+    }
+    cached->series = *series;
+    cached->slot = (u32)slot;
+    return slot;
+}
+
 static __always_inline void record(u64 cgroup_id, u16 port, u8 kind, u8 from_state, u8 to_state,
                                    u64 value_ns)
 {
-    struct tcpstate_cell cell = {};
-    struct hist_totals no_totals = {};
-    u64 zero = 0;
+    struct tcpstate_series series = {};
     u64 *bucket_count;
-    struct hist_totals *totals;
+    u64 *sum_ns;
+    u32 cell;
+    u32 row;
+    s32 slot;
 
-    cell.series.cgroup_id = cgroup_id;
-    cell.series.port = port;
-    cell.series.kind = kind;
-    cell.series.from_state = from_state;
-    cell.series.to_state = to_state;
-    cell.bucket = hist_bucket_index(value_ns);
-    bucket_count = tcpstate_hist.lookup_or_try_init(&cell, &zero);
-    totals = tcpstate_totals.lookup_or_try_init(&cell.series, &no_totals);
-    if (hist_add_sample(bucket_count, totals, value_ns))
+    series.cgroup_id = cgroup_id;
+    series.port = port;
+    series.kind = kind;
+    series.from_state = from_state;
+    series.to_state = to_state;
+    slot = series_slot(&series);
+    if (slot < 0) {
         count_drop(DROP_HIST_FULL);
+        return;
+    }
+    row = (u32)slot;
+    cell = row * HIST_ROW + hist_bucket_index(value_ns);
+    bucket_count = tcpstate_hist.lookup(&cell);
+    sum_ns = tcpstate_sum_ns.lookup(&row);
+    if (!bucket_count || !sum_ns)
+        return; /* slots are < TCPSTATE_MAX_SERIES: never */
+    /* Bucket before sum: a racing read never has a sum larger than its buckets explain. */
+    __sync_fetch_and_add(bucket_count, 1);
+    __sync_fetch_and_add(sum_ns, value_ns);
 }
 
 /* The attach-time self-check: user space connects to CONFIG_SELFCHECK_PORT on loopback from a

@@ -20,11 +20,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+import numpy as np
+
+from tailsight.hist import NUM_BUCKETS
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
 from tailsight.probes.bccprobe import (
+    MappedArray,
     delete_where,
     hash_map_fill,
-    read_histograms,
+    release_slots,
+    slot_histograms,
     sync_cgroup_allow,
 )
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
@@ -33,6 +38,10 @@ from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
 
 PROBE_NAME: Final = "tcpstate"
 MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c
+MAX_SERIES: Final = 512
+"""Series (cgroup, kind, states, port) the probe tells apart (-DTCPSTATE_MAX_SERIES): 8.4 MiB of
+histogram rows shared by all CPUs; a loopback client and server make ~10 series per cgroup."""
+HIST_ROW: Final = NUM_BUCKETS + 1
 OTHER_PORT: Final = "other"
 RETRANSMITS: Final = "tcp_retransmits"
 RETRANSMIT_FAILURES: Final = "tcp_retransmit_failures"
@@ -110,6 +119,7 @@ class TcpStateProbe:
         self._offsets_override = dict(offsets_override or {})
         self._bpf: Any = None
         self._attached: Any = None
+        self._mapped: dict[str, MappedArray] = {}
         self.attach_mode: str | None = None
         """``tp_btf`` or ``raw_tp`` once attached."""
         self.attach_fallback: str | None = None
@@ -128,7 +138,7 @@ class TcpStateProbe:
 
         btf = Btf.load()
         offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
-        cflags = offset_cflags(offsets)
+        cflags = [*offset_cflags(offsets), f"-DTCPSTATE_MAX_SERIES={MAX_SERIES}"]
         if len(btf.tracepoint_args("tcp_retransmit_skb")) >= 3:
             cflags.append("-DTCPSTATE_RETRANSMIT_HAS_ERR")
         if self.port_allow_list:
@@ -188,12 +198,16 @@ class TcpStateProbe:
                 port,
             )
 
-        histograms = read_histograms(
-            bpf[b"tcpstate_hist"],
-            bpf[b"tcpstate_totals"],
-            lambda cell: key_of(cell.series),
-            key_of,
-        )
+        series_of = {int(slot.value): key for key, slot in bpf[b"tcpstate_slots"].items()}
+        slots = sorted(series_of)
+        # Sums first: a sample lands in its bucket before its sum (see record()).
+        sums = self._array("tcpstate_sum_ns", (MAX_SERIES,))[slots].copy()
+        rows = self._array("tcpstate_hist", (MAX_SERIES, HIST_ROW))[slots].copy()
+        histograms = {
+            key_of(series_of[slot]): hist
+            for slot, hist in zip(slots, slot_histograms(rows, sums.tolist()), strict=True)
+            if hist.count
+        }
         counters: dict[tuple[str, Labels], int] = {}
         for name, table in (
             (RETRANSMITS, b"tcpstate_retransmits"),
@@ -207,14 +221,31 @@ class TcpStateProbe:
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
 
     def forget(self, cgroup_ids: set[int]) -> None:
-        """Delete removed cgroups' cells, totals and retransmit counters."""
+        """Clear removed cgroups' series rows, give their slots back, drop their counters."""
         if self._bpf is None:
             raise RuntimeError("probe not attached")
         bpf = self._bpf
-        delete_where(bpf[b"tcpstate_hist"], lambda cell: int(cell.series.cgroup_id) in cgroup_ids)
-        delete_where(bpf[b"tcpstate_totals"], lambda series: int(series.cgroup_id) in cgroup_ids)
+        gone = [
+            (key, int(slot.value))
+            for key, slot in bpf[b"tcpstate_slots"].items()
+            if int(key.cgroup_id) in cgroup_ids
+        ]
+        if gone:
+            rows = sorted(slot for _, slot in gone)
+            self._mapped_array("tcpstate_sum_ns", (MAX_SERIES,)).zero(rows)
+            self._mapped_array("tcpstate_hist", (MAX_SERIES, HIST_ROW)).zero(rows)
+            release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
         for table in (b"tcpstate_retransmits", b"tcpstate_retransmit_failures"):
             delete_where(bpf[table], lambda key: int(key.value) in cgroup_ids)
+
+    def _mapped_array(self, name: str, shape: tuple[int, ...]) -> MappedArray:
+        mapped = self._mapped.get(name)
+        if mapped is None:
+            mapped = self._mapped[name] = MappedArray(self._bpf[name.encode()], np.uint64, shape)
+        return mapped
+
+    def _array(self, name: str, shape: tuple[int, ...]) -> Any:
+        return self._mapped_array(name, shape).array
 
     def attachment(self) -> Any:
         """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
@@ -239,6 +270,9 @@ class TcpStateProbe:
         if self._attached is not None:
             self._attached.close()
             self._attached = None
+        for mapped in self._mapped.values():
+            mapped.close()
+        self._mapped.clear()
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
