@@ -27,13 +27,12 @@
  * TASK_CPU_OFF): set_task_cpu() fires the tracepoint before it updates the field, and fires it
  * even when the CPU does not change, which the kernel does not count as a migration; neither do we.
  *
- * Overhead (kernel BPF stats, 4000 self-migrations by affinity changes, this 2-vCPU VM, two
- * runs): sched_migrate_task 300-335 ns/event against 62-66 ns for an empty program on the same
- * tracepoint in the same run (four dependent probe reads for the cgroup, one for the CPU, two
- * array lookups, a hash add).  Migrations are rare next to context switches (hundreds to a few
+ * Overhead (kernel BPF stats, 4000 self-migrations by affinity changes, this 2-vCPU VM; first
+ * version, raw tracepoints and a counter hash): sched_migrate_task 300-335 ns/event against
+ * 62-66 ns for an empty program on the same tracepoint in the same run.  Migrations are rare next to context switches (hundreds to a few
  * thousand per second per host), so the cost is negligible.  benchmarks/bench_probe_overhead.py
- * (affinity flips, same run): tp_btf 250-256 vs 70-75 ns (3.4-3.6x), raw_tp 576-617 vs 83-85 ns;
- * what remains is the counter hash map.
+ * (affinity flips, same run, loaded 2-vCPU dev VM), tp_btf: 123-172 vs 79-82 ns (1.55-2.1x);
+ * before (a hash lookup-or-init per count): 250-260 vs 69-75 ns (3.4-3.8x).
  *
  * Example (tests/probes/test_migration.py: a task flipping its affinity between CPU 0 and 1
  * 23 times, one NUMA node):

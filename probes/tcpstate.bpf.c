@@ -32,8 +32,9 @@
  * ~4-5 µs of probe time per connection, a few % of a connect/accept/close cycle on loopback and
  * far less for connections that live longer than microseconds.  tcp_retransmit_skb costs one
  * socket-cgroup read and one hash add per retransmit.  benchmarks/bench_probe_overhead.py
- * (connect/accept/close loop, same run): tp_btf 620-720 vs 78 ns (7.9-9.2x), raw_tp 820-850 vs
- * 80 ns: the direct loads save ~150 ns, the LRU + histogram hash maps remain (not yet slots).
+ * (connect/accept/close loop, same run): tp_btf 509-543 vs 75-79 ns (6.8-7.0x) on series
+ * slots; before, with two hash lookup-or-inits per sample: 620-720 vs 74-78 ns (7.9-9.2x).
+ * What remains is the per-socket LRU hash (lookup, then update or delete) and the clock read.
  *
  * Example (31 loopback connects, client and server both in "/", same VM):
  *   /  time_in_state  SYN_SENT->ESTABLISHED  31  P50   7.6 µs  P99 23.5 µs
