@@ -120,6 +120,21 @@ def delete_where(table: Any, doomed: Callable[[Any], bool]) -> None:
             continue
 
 
+def steer_slot_hint(bpf: Any, prefix: str, used: Iterable[int], first: int, limit: int) -> None:
+    """Point the kernel's claim hint at the lowest free slot when it rests on a used one (or
+    past the end). The kernel walks only a few slots up from the hint: after slots are given
+    back in the middle, a hint left on a run of used ones would drop every new cgroup."""
+    hint = bpf[f"{prefix}_slot_hint".encode()]
+    zero = hint.Key(0)
+    taken = set(used)
+    current = int(hint[zero].value)
+    if first <= current < limit and current not in taken:
+        return
+    free = next((slot for slot in range(first, limit) if slot not in taken), None)
+    if free is not None:
+        hint[zero] = hint.Leaf(free)
+
+
 def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
     """Start the kernel's next slot claim at ``slot`` if that is below the current hint."""
     hint = bpf[f"{prefix}_slot_hint".encode()]

@@ -12,7 +12,13 @@ import numpy as np
 
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, delete_where, release_slots, slot_histograms
+from tailsight.probes.bccprobe import (
+    BccProbe,
+    delete_where,
+    release_slots,
+    slot_histograms,
+    steer_slot_hint,
+)
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
@@ -83,6 +89,7 @@ class NetSyscallProbe(BccProbe):
             for key, slot in bpf[b"netsyscall_slots"].items()
         }
         slots = sorted(series_of)
+        steer_slot_hint(bpf, PROBE_NAME, slots, 0, MAX_SERIES)
         hist_rows = self.mapped_array("netsyscall_latency_hist", np.uint64, (MAX_SERIES, HIST_ROW))
         totals = self.mapped_array("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2))
         # Totals first: a sample lands in its bucket before the totals, so a racing read never

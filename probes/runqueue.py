@@ -12,7 +12,13 @@ import numpy as np
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
-from tailsight.probes.bccprobe import BccProbe, release_slots, slot_histograms, slot_ids
+from tailsight.probes.bccprobe import (
+    BccProbe,
+    release_slots,
+    slot_histograms,
+    slot_ids,
+    steer_slot_hint,
+)
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
 
@@ -74,6 +80,7 @@ class RunQueueProbe(BccProbe):
         bpf = self._require_bpf()
         taken_ns = time.time_ns()
         cgroup_of = slot_ids(bpf[b"runqueue_slots"])
+        steer_slot_hint(bpf, PROBE_NAME, cgroup_of, 1, MAX_SLOTS)
         cgroup_of[0] = 0
         slots = sorted(cgroup_of)
         hist_rows = self.mapped_array("runqueue_wait_hist", np.uint64, (MAX_SLOTS, HIST_ROW))
