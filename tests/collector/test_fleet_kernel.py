@@ -80,6 +80,10 @@ def agent(namespace: str, address: str, subtree: str) -> Iterator[subprocess.Pop
         subtree,
     ]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Off the hog's CPU, as a real host's agent would not share its victim's run queue.
+    others = os.sched_getaffinity(0) - {HOG_CPU}
+    if others:
+        os.sched_setaffinity(proc.pid, others)
     try:
         yield proc
     finally:
@@ -120,11 +124,6 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     victims_a = Workload([python_task("victim", VICTIM_CODE, cpu=HOG_CPU)], base=host_a)
     victims_b = Workload([python_task("victim", VICTIM_CODE, cpu=other_cpu)], base=host_b)
     with contextlib.ExitStack() as stack:
-        # Ours (this process, Prometheus, the agents: children inherit it) stay off the hog's
-        # CPU all along: nothing of ours moves onto host B's CPU when the hog starts.
-        affinity = os.sched_getaffinity(0)
-        stack.callback(os.sched_setaffinity, 0, affinity)
-        os.sched_setaffinity(0, {other_cpu})
         stack.enter_context(victims_a)
         stack.enter_context(victims_b)
         ns_a, address_a = stack.enter_context(host_netns("a", 1))
