@@ -5,6 +5,7 @@ long-lived victim whose exact wait sum (schedstat's run_delay) survives its aggr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -57,6 +58,7 @@ def test_removed_cgroups_give_their_slots_to_new_ones(kernel_ready: None) -> Non
         RunQueueProbe() as runqueue,
         NetSyscallProbe() as netsyscall,
         Workload([Task("victim", cpu=cpu)], base=private_base("churn-victim")) as victim,
+        contextlib.ExitStack() as stack,
     ):
         victim_pid = victim.pids()[0]
         victim_id = victim.cgroup_id("victim")
@@ -65,7 +67,11 @@ def test_removed_cgroups_give_their_slots_to_new_ones(kernel_ready: None) -> Non
         before_rq, before_stat = runqueue.read(), schedstat(victim_pid)
         os.kill(victim_pid, signal.SIGCONT)
         previous_rq, previous_net = before_rq, netsyscall.read()
+        keepers: list[Workload] = []  # one cgroup per round stays: freed slots lie between used
         for round_ in range(ROUNDS):
+            keeper = Workload([python_task("k", CHURN_CODE, cpu=cpu, pipes=True)],
+                              base=private_base(f"churn-keep-{round_}"))  # fmt: skip
+            keepers.append(stack.enter_context(keeper))
             tasks = [
                 python_task(f"c{n}", CHURN_CODE, cpu=cpu, pipes=True) for n in range(PER_ROUND)
             ]
@@ -83,8 +89,9 @@ def test_removed_cgroups_give_their_slots_to_new_ones(kernel_ready: None) -> Non
                     waits = interval_rq.histograms[labels(cgroup=cgroup_id)].count
                     assert 1 <= waits <= timeslices[n] + 2, (round_, n)
                 previous_rq, previous_net = now_rq, now_net
-            gone = resolver.gone(set(ids.values()) | {victim_id})
-            assert gone == set(ids.values())  # removed; the victim lives on
+            kept = {victim_id, *(k.cgroup_id("k") for k in keepers)}
+            gone = resolver.gone(set(ids.values()) | kept)
+            assert gone == set(ids.values())  # removed; the victim and keepers live on
             runqueue.forget(gone)
             netsyscall.forget(gone)
         os.kill(victim_pid, signal.SIGSTOP)
