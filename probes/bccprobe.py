@@ -9,7 +9,7 @@ import math
 import mmap
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -120,19 +120,43 @@ def delete_where(table: Any, doomed: Callable[[Any], bool]) -> None:
             continue
 
 
+STEER_RUN: Final = 8
+"""Free slots the claim hint should have ahead of it (new cgroups in one interval)."""
+
+
 def steer_slot_hint(bpf: Any, prefix: str, used: Iterable[int], first: int, limit: int) -> None:
-    """Point the kernel's claim hint at the lowest free slot when it rests on a used one (or
-    past the end). The kernel walks only a few slots up from the hint: after slots are given
-    back in the middle, a hint left on a run of used ones would drop every new cgroup."""
+    """Keep the kernel's claim hint at the start of a run of free slots. The kernel walks only
+    SLOT_CLAIM_TRIES slots up from the hint (slots.bpf.h): after slots are given back in the
+    middle, a hint left on used slots would drop every new cgroup until the next read. The
+    hint stays if the STEER_RUN slots from it are free, else moves to the lowest such run
+    (or the longest free run there is)."""
     hint = bpf[f"{prefix}_slot_hint".encode()]
     zero = hint.Key(0)
     taken = set(used)
     current = int(hint[zero].value)
-    if first <= current < limit and current not in taken:
+    if first <= current < limit and _free_run(current, taken, limit) >= min(
+        STEER_RUN, limit - current
+    ):
         return
-    free = next((slot for slot in range(first, limit) if slot not in taken), None)
-    if free is not None:
-        hint[zero] = hint.Leaf(free)
+    best, best_length, slot = None, 0, first
+    while slot < limit:
+        length = _free_run(slot, taken, limit)
+        if length >= STEER_RUN:
+            best = slot
+            break
+        if length > best_length:
+            best, best_length = slot, length
+        slot += length + 1
+    if best is not None:
+        hint[zero] = hint.Leaf(best)
+
+
+def _free_run(slot: int, taken: set[int], limit: int) -> int:
+    """Free slots from ``slot`` on, up to STEER_RUN."""
+    length = 0
+    while slot + length < limit and slot + length not in taken and length < STEER_RUN:
+        length += 1
+    return length
 
 
 def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:

@@ -13,7 +13,9 @@
 #ifndef TAILSIGHT_SLOTS_BPF_H
 #define TAILSIGHT_SLOTS_BPF_H
 
-#define SLOT_CLAIM_TRIES 4
+/* Slots tried from the hint.  Only a new key pays for the walk; user space keeps the hint at
+ * the start of a run of free slots (bccprobe.steer_slot_hint) after slots are given back. */
+#define SLOT_CLAIM_TRIES 16
 
 /* 0: `slot` is now owned by `key` (a no-exist insert into <probe>_slot_owner). */
 typedef int (*slot_own_fn)(u32 *slot, const void *key);
