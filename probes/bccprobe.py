@@ -7,9 +7,9 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -17,31 +17,6 @@ import numpy.typing as npt
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Snapshot
 from tailsight.probes.outliers import OutlierStream, outlier_cflags
-
-SeriesKey = TypeVar("SeriesKey", bound=Hashable)
-
-
-def read_histograms(
-    bucket_map: Any,
-    totals_map: Any,
-    series_of_cell: Callable[[Any], SeriesKey],
-    series_of_totals: Callable[[Any], SeriesKey],
-) -> dict[SeriesKey, Histogram]:
-    """User side of ``hist.bpf.h``: (series, bucket) -> count cells plus per-series totals,
-    read from their bcc tables into one cumulative Histogram per series."""
-    histograms: dict[SeriesKey, Histogram] = {}
-
-    def histogram(series: SeriesKey) -> Histogram:
-        hist = histograms.get(series)
-        if hist is None:
-            hist = histograms[series] = Histogram.empty()
-        return hist
-
-    for cell, count in bucket_map.items():
-        histogram(series_of_cell(cell)).add_bucket(int(cell.bucket), int(count.value))
-    for series, totals in totals_map.items():
-        histogram(series_of_totals(series)).sum_ns = int(totals.sum_ns)
-    return histograms
 
 
 class MappedArray:
