@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tailsight.trading_core.timing import STAGES
+
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "latency-gate.yml"
 CLI = "import sys; from tailsight.cli.main import app; sys.argv[0] = 'tailsight'; app()"
@@ -146,12 +148,17 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     ab = _gate(base, slow)
     assert ab["outcome"] == "regression", json.dumps(ab["comparisons"], indent=1)
     by_name = {c["name"]: c for c in ab["comparisons"]}
-    # Ground truth: every order waited delay_us more, so each quantile rose by at least about that
-    # much (more where the wait makes orders queue behind each other).
-    for name in ("p50", "p99"):
-        rise_us = (by_name[name]["candidate_ns"] - by_name[name]["baseline_ns"]) / 1e3
-        assert rise_us > 0.7 * delay_us, (name, rise_us)
-    assert ab["breakdowns"], "the regression comes with its stage breakdown"
+    # Ground truth: every order busy-waited delay_us in the strategy before its send, so the
+    # median rose by at least about that much. Not asserted for the P99: a 1.5 s run's P99 is
+    # close to its max, set by scheduling hiccups of either side (CI once saw it 135 us lower).
+    rise_us = (by_name["p50"]["candidate_ns"] - by_name["p50"]["baseline_ns"]) / 1e3
+    assert rise_us > 0.7 * delay_us, rise_us
+    # Of the components, the breakdown must show the one that holds the wait: book -> decision.
+    (median,) = [b for b in ab["breakdowns"] if b["name"] == "p50"]
+    components = [s for s in median["stages"] if s["stage"] in STAGES]
+    largest = max(components, key=lambda s: s["candidate_ns"] - s["baseline_ns"])
+    assert largest["stage"] == "decision", median
+    assert largest["candidate_ns"] - largest["baseline_ns"] > 0.7 * delay_us * 1e3, largest
 
     aa = _gate(base, same)
     assert aa["outcome"] != "regression", json.dumps(aa["comparisons"], indent=1)
