@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from tailsight.trading_core import timing
+
 # Label of the exact-quantile gauges naming the quantile ("0.99"); and of their window ("60s").
 QUANTILE_LABEL: Final = "q"  # not "quantile": Prometheus reserves that for summaries
 WINDOW_LABEL: Final = "window"
@@ -86,9 +88,11 @@ TAIL_JUMP_AGGRESSOR_SHARE: Final = "tailsight_tail_jump_aggressor_share"
 # series per ``stage``) as the exporter names it; the feed's counters become replay_<name>_total.
 STAGE_LATENCY: Final = LatencyMetric("replay", "latency", "Stage latency", ("stage",))
 STAGE: Final = "stage"
-PIPELINE_STAGES: Final = ("wire", "receive", "decode", "book", "decision", "send", "ack")
-IN_SYSTEM_STAGE: Final = "in_system_tick_to_trade"  # kernel receive to the order's send()
-TICK_TO_TRADE_STAGE: Final = "tick_to_trade"  # the tick's intended send time to the order's send()
+# Stage names as the replay writes them (trading_core/timing.py says what each one spans).
+PIPELINE_STAGES: Final = (timing.WIRE, timing.QUEUE, *timing.STAGES[1:])
+IN_SYSTEM_STAGE: Final = timing.IN_SYSTEM
+IN_SYSTEM_WITH_QUEUE_STAGE: Final = timing.IN_SYSTEM_WITH_QUEUE
+TICK_TO_TRADE_STAGE: Final = timing.TICK_TO_TRADE
 FEED_GAPS: Final = "tailsight_replay_gaps_detected_total"
 FEED_RECOVERED: Final = "tailsight_replay_recovered_messages_total"
 FEED_REREQUESTS: Final = "tailsight_replay_rerequests_sent_total"

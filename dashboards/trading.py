@@ -47,10 +47,18 @@ def build() -> dash.Dashboard:
         .with_panel(
             latency_quantiles_panel(
                 m.STAGE_LATENCY,
+                "In-system with the feed queue (kernel receive to order sent)",
+                [m.STAGE],
+                stage=m.IN_SYSTEM_WITH_QUEUE_STAGE,
+            )
+        )
+        .with_panel(
+            latency_quantiles_panel(
+                m.STAGE_LATENCY,
                 "Tick-to-trade from the intended send time",
                 [m.STAGE],
                 stage=m.TICK_TO_TRADE_STAGE,
-            ).span(24)
+            )
         )
         .with_row(dash.Row("Stages"))
         .with_panel(
@@ -63,7 +71,8 @@ def build() -> dash.Dashboard:
                     )
                 ],
                 description="Each stage from the previous one's stamp (wire: the exchange's "
-                "send to the kernel's receive); stacked, they add up to the tick's path.",
+                "send to the kernel's receive; queue: the wait behind earlier feed messages); "
+                "stacked, they add up to the tick's path.",
                 stacked=True,
                 width=24,
             )

@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tailsight.trading_core.timing import STAGES
-
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "latency-gate.yml"
 CLI = "import sys; from tailsight.cli.main import app; sys.argv[0] = 'tailsight'; app()"
@@ -153,12 +151,11 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     # close to its max, set by scheduling hiccups of either side (CI once saw it 135 us lower).
     rise_us = (by_name["p50"]["candidate_ns"] - by_name["p50"]["baseline_ns"]) / 1e3
     assert rise_us > 0.7 * delay_us, rise_us
-    # Of the components, the breakdown must show the one that holds the wait: book -> decision.
+    # The breakdown shows it in the stage that holds the wait (book -> decision). Not asserted:
+    # that no other stage rose more; the acks, read by the same busy thread, wait longer too.
     (median,) = [b for b in ab["breakdowns"] if b["name"] == "p50"]
-    components = [s for s in median["stages"] if s["stage"] in STAGES]
-    largest = max(components, key=lambda s: s["candidate_ns"] - s["baseline_ns"])
-    assert largest["stage"] == "decision", median
-    assert largest["candidate_ns"] - largest["baseline_ns"] > 0.7 * delay_us * 1e3, largest
+    (decision,) = [s for s in median["stages"] if s["stage"] == "decision"]
+    assert decision["candidate_ns"] - decision["baseline_ns"] > 0.7 * delay_us * 1e3, decision
 
     aa = _gate(base, same)
     assert aa["outcome"] != "regression", json.dumps(aa["comparisons"], indent=1)

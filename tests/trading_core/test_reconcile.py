@@ -65,9 +65,11 @@ def test_orders_and_fills_reconcile_exactly(topo: Topology) -> None:
     assert feed.requests > 0
     assert diff(ours, theirs) == []
     assert ours.position() == theirs.position()
-    # The run was not trivial: orders both filled passively and aggressively, some canceled.
+    # The run was not trivial: orders filled aggressively (and, in most runs, passively: whether
+    # the day's executions reach our quote's place in its queue depends on when it arrived;
+    # test_exchange.py scripts a passive fill), some canceled.
     flags = {fill.liquidity_flag for fill in ours.fills}
-    assert len(ours.orders) > 30 and flags == {"A", "R"}
+    assert len(ours.orders) > 30 and "R" in flags and flags <= {"A", "R"}, flags
     assert any(order.canceled for order in ours.orders.values())
     assert strategy.orders_sent == len(ours.orders)
     # Positions the strategy tracked from the responses match the exchange's fills.
