@@ -293,9 +293,13 @@ def run_injection(
     )
 
 
-def score(report: object, injection: Injection, tolerance_s: float = 3.0) -> Score:
+def score(
+    report: object, injection: Injection, tolerance_s: float = 3.0, own_causes: bool = False
+) -> Score:
     """Top-1/top-3 of the first incident (within ``tolerance_s`` of the injection) that holds a
-    jump of the victim cgroup; a displacement must name the culprit as the aggressor."""
+    jump of the victim cgroup; a displacement must name the culprit as the aggressor.
+    ``own_causes``: rank only the causes shown in the victim's cgroup (its displacement), for an
+    incident that also holds other cgroups' jumps with causes of their own (background load)."""
     from tailsight.analysis.explain import Report
 
     assert isinstance(report, Report)
@@ -305,8 +309,11 @@ def score(report: object, injection: Injection, tolerance_s: float = 3.0) -> Sco
         mine = mine or injection.victim in incident.cgroups
         if not mine or abs(error_s) > tolerance_s:
             continue
-        right = [_matches(c, injection) for c in incident.causes]
-        first = incident.causes[0] if incident.causes else None
+        causes = incident.causes
+        if own_causes:
+            causes = [c for c in causes if c.cgroup == injection.victim]
+        right = [_matches(c, injection) for c in causes]
+        first = causes[0] if causes else None
         named = "none" if first is None else f"{first.kind} {first.cgroup} {first.labels}"
         return Score(injection.kind, True, any(right[:1]), any(right[:3]), error_s, named)
     return Score(injection.kind, False, False, False, float("nan"), "no incident of the victim")

@@ -510,7 +510,9 @@ def tell(
     truth = Injection(
         "cpu_hog", documents, scene.inject_ns, scene.victim, scene.aggressor, ("displacement",)
     )
-    found = score(report, truth)
+    # The trading process's own causes: under background load the incident may also hold the
+    # exchange's jump (the load the hog pushed onto the exchange's CPU) with its own causes.
+    found = score(report, truth, own_causes=True)
     console.print()
     console.print(
         f"injected: a CPU hog in {scene.aggressor} on CPU {scene.trading_cpu} at "
