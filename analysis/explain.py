@@ -33,7 +33,7 @@ from tailsight.analysis.attribution import (
     displaced_by_rows,
     stack_shifts_rows,
 )
-from tailsight.analysis.causes import Cause, CounterTable, find_causes
+from tailsight.analysis.causes import COUNTER_CAUSES, ERRORS, Cause, CounterTable, find_causes
 from tailsight.analysis.jumps import (
     JumpConfig,
     OfflineResult,
@@ -686,6 +686,11 @@ def _incident(
     # of / displaced by the same hog) is context, not the answer to "why did this rise?".
     mine = jump_cgroups(shown[0])
     causes.sort(key=lambda c: not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED))
+    # A run-queue wait is time spent waiting for CPUs: the waiting cgroup's own failing calls
+    # that rose with it (EAGAIN from a queue it could not drain in time) are a consequence,
+    # however new; they rank after the rest (a neighbour's calls can still be the root cause).
+    if shown[0].labels.get("probe") == "runqueue":
+        causes.sort(key=lambda c: c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine)
     return Incident(shown, folded, causes, tested, sorted(cgroups))
 
 

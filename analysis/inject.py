@@ -164,7 +164,9 @@ def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> 
 
 
 @contextlib.contextmanager
-def _recording(directory: Path) -> Iterator[None]:
+def recording(directory: Path) -> Iterator[None]:
+    """``tailsight record`` into ``directory`` (off the contended CPU) from its first interval
+    until the block ends."""
     recorder = _recorder(directory)
     try:
         _wait_first_interval(directory, recorder)
@@ -236,7 +238,7 @@ def run_injection(
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
     with Workload(tasks, base=base) as load:
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
-        with _recording(directory):
+        with recording(directory):
             time.sleep(baseline_s)
             inject_ns = time.time_ns()
             culprit = victim
