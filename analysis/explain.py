@@ -33,7 +33,7 @@ from tailsight.analysis.attribution import (
     displaced_by_rows,
     stack_shifts_rows,
 )
-from tailsight.analysis.causes import COUNTER_CAUSES, ERRORS, Cause, CounterTable, find_causes
+from tailsight.analysis.causes import COUNTER_CAUSES, Cause, CounterTable, find_causes
 from tailsight.analysis.jumps import (
     JumpConfig,
     OfflineResult,
@@ -49,6 +49,7 @@ from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.netsyscall import ERRORS
 from tailsight.probes.outliers import short_stack
 
 TEXT_WIDTH: Final = 80
