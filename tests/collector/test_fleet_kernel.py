@@ -2,7 +2,7 @@
 (a veth to the root namespace) and restricted to its own cgroup subtree (``--cgroup-root``),
 scraped as two ``instance``s by one real Prometheus. A CPU hog starts beside host A's victim;
 ``explain --prometheus`` must name host A, its victim cgroup and the hog as the aggressor, and
-show no jump on host B (whose victim runs on another CPU all along)."""
+show no jump on host B while the fault lasts (its victim runs on the other CPU all along)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,12 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     host_a, host_b = f"{base}/host-a", f"{base}/host-b"
     victims_a = Workload([python_task("victim", VICTIM_CODE, cpu=HOG_CPU)], base=host_a)
     victims_b = Workload([python_task("victim", VICTIM_CODE, cpu=other_cpu)], base=host_b)
+    # The test, and Prometheus with it, on host B's CPU from the start: when the hog arrives
+    # nothing moves over to B (unpinned, they would, and B's victim would wait for them).
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {other_cpu})
     with contextlib.ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, affinity)
         stack.enter_context(victims_a)
         stack.enter_context(victims_b)
         ns_a, address_a = stack.enter_context(host_netns("a", 1))
@@ -189,9 +194,16 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     late_s = jump["change_start_ns"] / 1e9 - injected
     assert -2 * SCRAPE_S <= late_s <= 6 * SCRAPE_S, (late_s, timeline)
     assert jump["displacement"]["aggressors"][0]["aggressor"] == hog.cgroup_path("hog")
-    # Host B: no jump of any of its series, and nothing of A's subtree in B's series (or of B's
-    # in A's): each agent exported its own subtree only.
-    on_b = [j for j in report["jumps"] if j["series"].get("instance") == instance_b]
+    # Host B: no jump of any of its series while the fault lasts, and nothing of A's subtree in
+    # B's series (or of B's in A's): each agent exported its own subtree only. (B's victim shares
+    # its CPU with both agents and Prometheus: CI once saw its P99 jump 2 -> 5 ms 11 s before the
+    # injection, the machine's own noise, not the fault.)
+    on_b = [
+        j
+        for j in report["jumps"]
+        if j["series"].get("instance") == instance_b
+        and j["change_start_ns"] / 1e9 >= injected - 2 * SCRAPE_S
+    ]
     assert not on_b, [
         (j["series"], j["before_ns"], j["after_ns"], j["change_start_ns"] / 1e9 - injected)
         for j in on_b
