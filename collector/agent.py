@@ -20,9 +20,8 @@ from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
 
 FORGET_EVERY_INTERVALS: Final = 30
-"""How often the agent looks for removed cgroups (one stat per cgroup it holds). At every 5
-intervals the single-run RCA test of a neighbour's syscalls found no incident in 3 of 4 runs
-here (it passed with forgetting off): not yet understood, see the issue notes."""
+"""How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
+is forgotten at the check after the one that found it gone."""
 
 if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
