@@ -685,13 +685,17 @@ def _incident(
     shown.sort(key=lambda j: (j.aggregate, -abs(math.log(_safe_ratio(j))), j.p_value, j.series))
     # The headline's own causes first: a cause of another cgroup of the incident (the run-queue
     # of / displaced by the same hog) is context, not the answer to "why did this rise?".
-    mine = jump_cgroups(shown[0])
-    causes.sort(key=lambda c: not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED))
     # A run-queue wait is time spent waiting for CPUs: the waiting cgroup's own failing calls
     # that rose with it (EAGAIN from a queue it could not drain in time) are a consequence,
     # however new; they rank after the rest (a neighbour's calls can still be the root cause).
-    if shown[0].labels.get("probe") == "runqueue":
-        causes.sort(key=lambda c: c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine)
+    mine = jump_cgroups(shown[0])
+    waiting = shown[0].labels.get("probe") == "runqueue"
+    causes.sort(
+        key=lambda c: (
+            waiting and c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine,
+            not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED),
+        )
+    )
     return Incident(shown, folded, causes, tested, sorted(cgroups))
 
 
