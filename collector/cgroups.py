@@ -1,4 +1,5 @@
-"""Cgroup v2 id <-> path: a cgroup's id (what BPF reports) is its directory's inode number."""
+"""Cgroup v2, the one place for it: where the hierarchy is mounted, our own cgroup, id <-> path.
+A cgroup's id (what BPF reports) is its directory's inode number."""
 
 from __future__ import annotations
 
@@ -10,6 +11,56 @@ from typing import Final
 
 UNKNOWN: Final = "unknown"
 ROOT_PATH: Final = "/"
+DEFAULT_MOUNTS_PATH: Final = Path("/proc/self/mounts")
+
+
+class NoCgroupV2Error(LookupError):
+    """A process (or thread) whose cgroup file has no cgroup v2 ("0::") line."""
+
+
+def _unescape_mount_field(text: str) -> str:
+    """Undo the octal escapes (``\\040`` for a space) the kernel uses in /proc/*/mounts."""
+    out = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def find_cgroup2_mount(mounts_path: Path | str = DEFAULT_MOUNTS_PATH) -> Path:
+    """Mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup/unified`` on hybrid hosts)."""
+    with open(mounts_path, encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) >= 3 and fields[2] == "cgroup2":
+                return Path(_unescape_mount_field(fields[1]))
+    raise FileNotFoundError(f"no cgroup2 filesystem mounted (searched {mounts_path})")
+
+
+def own_cgroup_path(tid: int | None = None, proc: Path | str = "/proc") -> str:
+    """Our cgroup v2 path relative to the mount ("/user.slice/..."), or that of our thread
+    ``tid``; NoCgroupV2Error if the kernel lists none."""
+    cgroup_file = Path(proc) / "self" / ("cgroup" if tid is None else f"task/{tid}/cgroup")
+    for line in cgroup_file.read_text(encoding="utf-8").splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise NoCgroupV2Error(f"{cgroup_file} has no cgroup v2 ('0::') line")
+
+
+def own_cgroup_id(tid: int | None = None, mounts_path: Path | str = DEFAULT_MOUNTS_PATH) -> int:
+    """Id of our cgroup (or of our thread ``tid``'s): what ``bpf_get_current_cgroup_id()``
+    returns in our context."""
+    return directory_id(find_cgroup2_mount(mounts_path) / own_cgroup_path(tid).lstrip("/"))
+
+
+def directory_id(directory: Path | str) -> int:
+    """Id of the cgroup at a filesystem path (its directory's inode)."""
+    return os.stat(directory).st_ino
 
 
 class CgroupResolver:
@@ -91,7 +142,7 @@ class CgroupResolver:
 
     def id_of(self, path: str) -> int:
         """Id of the cgroup at a path relative to the root; FileNotFoundError if none."""
-        return os.stat(self.absolute(path)).st_ino
+        return directory_id(self.absolute(path))
 
     def subtree_ids(self, path: str) -> dict[int, str]:
         """Ids and paths of a cgroup and all its descendants (for --cgroup filters)."""

@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MOUNTS_PATH = Path("/proc/self/mounts")
+# Mount discovery lives with the other cgroup helpers (collector/cgroups.py); re-exported for
+# callers that import it from here.
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH as DEFAULT_MOUNTS_PATH
+from tailsight.collector.cgroups import find_cgroup2_mount as find_cgroup2_mount
+
 AF_XDP = 44
 _NOOP_SOURCE = Path(__file__).resolve().parent / "features.bpf.c"
 _NOOP_FUNCTION = "tailsight_noop"
@@ -81,30 +85,6 @@ class Host:
     def mounts_path(self) -> Path:
         """Our mount table."""
         return self.proc / "self" / "mounts"
-
-
-def _unescape_mount_field(text: str) -> str:
-    """Undo the octal escapes (``\\040`` for a space) the kernel uses in /proc/*/mounts."""
-    out = []
-    i = 0
-    while i < len(text):
-        if text[i] == "\\" and text[i + 1 : i + 4].isdigit():
-            out.append(chr(int(text[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def find_cgroup2_mount(mounts_path: Path | str = DEFAULT_MOUNTS_PATH) -> Path:
-    """Mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup/unified`` on hybrid hosts)."""
-    with open(mounts_path, encoding="utf-8") as mounts:
-        for line in mounts:
-            fields = line.split()
-            if len(fields) >= 3 and fields[2] == "cgroup2":
-                return Path(_unescape_mount_field(fields[1]))
-    raise FileNotFoundError(f"no cgroup2 filesystem mounted (searched {mounts_path})")
 
 
 # -- individual checks ----------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, NoCgroupV2Error, own_cgroup_id
 from tailsight.probes.btf import Btf, BtfError
-from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 
 # -D macro -> (struct, member path). Probes that read more kernel fields add them here.
 KERNEL_FIELDS: dict[str, tuple[str, str]] = {
@@ -110,13 +110,11 @@ def _proc_status_first_nspid(status_path: Path) -> int | None:
 
 
 def _own_cgroup_id(tid: int, mounts_path: Path) -> int:
-    """Inode of the checking thread's cgroup v2 directory (= its kernel cgroup id)."""
-    cgroup_file = Path(f"/proc/self/task/{tid}/cgroup")
-    for line in cgroup_file.read_text(encoding="utf-8").splitlines():
-        if line.startswith("0::"):
-            relative = line[3:].lstrip("/")
-            return (find_cgroup2_mount(mounts_path) / relative).stat().st_ino
-    raise OffsetCheckError(f"{cgroup_file} has no cgroup v2 ('0::') line")
+    """Id of the checking thread's cgroup (what the self-check expects BPF to read)."""
+    try:
+        return own_cgroup_id(tid, mounts_path)
+    except NoCgroupV2Error as error:
+        raise OffsetCheckError(str(error)) from None
 
 
 def run_self_check(

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
+from tailsight.collector.cgroups import directory_id, find_cgroup2_mount
+
 BASE_CGROUP: Final = "tailsight-test"
 
 # Children die with us even if we are SIGKILLed (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9);
@@ -79,8 +81,6 @@ class Workload:
     @property
     def mount(self) -> Path:
         if self._mount is None:
-            from tailsight.probes.features import find_cgroup2_mount
-
             self._mount = find_cgroup2_mount()
         return self._mount
 
@@ -97,7 +97,7 @@ class Workload:
 
     def cgroup_id(self, group: str) -> int:
         """The cgroup's v2 id (its directory's inode), as the probes report it."""
-        return os.stat(self.cgroup_dir(group)).st_ino
+        return directory_id(self.cgroup_dir(group))
 
     def pids(self, group: str | None = None) -> list[int]:
         return [p.pid for t, p in self.processes if group is None or t.group == group]

@@ -58,10 +58,9 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 def build_agent(config: CollectorConfig, log: Callable[[str], None], export: bool) -> Agent:
     """An agent with an exporter (if ``export``) and a recording writer (if configured)."""
     from tailsight.collector.agent import Agent
-    from tailsight.collector.cgroups import CgroupResolver
+    from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
-    from tailsight.probes.features import find_cgroup2_mount
 
     root = config.cgroup_root or find_cgroup2_mount()
     writer = None
@@ -333,8 +332,7 @@ def serve(
 
 def _check_subtree(config: CollectorConfig) -> None:
     """``--cgroup-root`` must name a cgroup that exists (exit 2 before anything is attached)."""
-    from tailsight.collector.cgroups import normalize
-    from tailsight.probes.features import find_cgroup2_mount
+    from tailsight.collector.cgroups import find_cgroup2_mount, normalize
 
     if config.cgroup_subtree == "/":
         return

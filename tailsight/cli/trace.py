@@ -122,9 +122,8 @@ def open_session(
     probes: Sequence[str], cgroups: Sequence[str], warn: Callable[[str], None]
 ) -> Session:
     """Attach what can be attached (each failure reported through ``warn``)."""
-    from tailsight.collector.cgroups import CgroupResolver, normalize
+    from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount, normalize
     from tailsight.probes.catalog import create_probe
-    from tailsight.probes.features import find_cgroup2_mount
 
     resolver = CgroupResolver(find_cgroup2_mount())
     wanted = [normalize(c) for c in cgroups]

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.probes.features import find_cgroup2_mount
+from tailsight.collector.cgroups import find_cgroup2_mount
 
 pytestmark = pytest.mark.kernel
 

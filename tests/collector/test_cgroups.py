@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import UNKNOWN, CgroupResolver, is_within, normalize
+from tailsight.collector.cgroups import (
+    UNKNOWN,
+    CgroupResolver,
+    NoCgroupV2Error,
+    find_cgroup2_mount,
+    is_within,
+    normalize,
+    own_cgroup_id,
+    own_cgroup_path,
+)
 
 
 def _tree(root: Path) -> dict[str, int]:
@@ -82,10 +91,27 @@ def test_paths() -> None:
         normalize("/a/../b")
 
 
+def test_own_cgroup_path_from_a_fake_proc(tmp_path: Path) -> None:
+    task = tmp_path / "self" / "task" / "42"
+    task.mkdir(parents=True)
+    (tmp_path / "self" / "cgroup").write_text("1:name=systemd:/v1\n0::/user.slice/x y\n")
+    (task / "cgroup").write_text("0::/user.slice/x y/worker\n")
+    assert own_cgroup_path(proc=tmp_path) == "/user.slice/x y"
+    assert own_cgroup_path(42, proc=tmp_path) == "/user.slice/x y/worker"
+    (tmp_path / "self" / "cgroup").write_text("1:name=systemd:/v1\n")  # cgroup v1 only
+    with pytest.raises(NoCgroupV2Error, match="no cgroup v2"):
+        own_cgroup_path(proc=tmp_path)
+
+
+def test_own_cgroup_id_is_our_directory_here() -> None:
+    mount = find_cgroup2_mount()
+    own = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].strip()
+    assert own_cgroup_id() == os.stat(mount / own.lstrip("/")).st_ino
+    assert CgroupResolver(mount).resolve(own_cgroup_id()) == own
+
+
 @pytest.mark.kernel
 def test_real_mount_matches_proc_self_cgroup(kernel_ready: None, tmp_path: Path) -> None:
-    from tailsight.probes.features import find_cgroup2_mount
-
     mount = find_cgroup2_mount()
     resolver = CgroupResolver(mount)
     # The kernel's own name for our cgroup: the "0::" line of /proc/self/cgroup.

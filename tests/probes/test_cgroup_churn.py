@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import CgroupResolver
+from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount
 from tailsight.probes.base import Snapshot, labels
-from tailsight.probes.features import find_cgroup2_mount
 from tailsight.probes.netsyscall import MAX_SERIES, NetSyscallProbe
 from tailsight.probes.runqueue import DISPLACED_WAIT, MAX_SLOTS, RunQueueProbe
 from tailsight.workload import Task, Workload, default_cpu, private_base, python_task

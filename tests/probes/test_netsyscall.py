@@ -108,10 +108,9 @@ def test_counts_every_call_and_every_error_exactly(probe: NetSyscallProbe) -> No
 
 
 def _own_cgroup_id() -> int:
-    from tailsight.probes.features import find_cgroup2_mount
+    from tailsight.collector.cgroups import own_cgroup_id
 
-    relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].strip().lstrip("/")
-    return (find_cgroup2_mount() / relative).stat().st_ino
+    return own_cgroup_id()
 
 
 @pytest.mark.kernel

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tailsight.collector.cgroups import find_cgroup2_mount
 from tailsight.probes.btf import Btf
-from tailsight.probes.features import find_cgroup2_mount
 from tailsight.probes.offsets import (
     KERNEL_FIELDS,
     OffsetCheckError,
