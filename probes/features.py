@@ -15,22 +15,33 @@ import shutil
 import socket
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Mount discovery lives with the other cgroup helpers (collector/cgroups.py); re-exported for
-# callers that import it from here.
+# Mount discovery (collector/cgroups.py) and the check types and privilege check (host.py) are
+# re-exported for the callers that import them from here.
 from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH as DEFAULT_MOUNTS_PATH
 from tailsight.collector.cgroups import find_cgroup2_mount as find_cgroup2_mount
+from tailsight.probes.btf import Btf, BtfError
+from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.host import FIX_ROOT as FIX_ROOT
+from tailsight.probes.host import Check as Check
+from tailsight.probes.host import Host as Host
+from tailsight.probes.host import check_capabilities as check_capabilities
+from tailsight.probes.loader import (
+    RAW_TP,
+    TP_BTF,
+    ProbeError,
+    load_tp_btf,
+    preferred_attach_modes,
+    raw_tracepoint_open_btf,
+)
+from tailsight.probes.offsets import OffsetCheckError, resolve_offsets, run_self_check
 
 AF_XDP = 44
 _NOOP_SOURCE = Path(__file__).resolve().parent / "features.bpf.c"
 _NOOP_FUNCTION = "tailsight_noop"
 _BTF_MAGIC_LE, _BTF_MAGIC_BE = b"\x9f\xeb", b"\xeb\x9f"  # BTF_MAGIC 0xeB9F, either byte order
-
-# Capability bit numbers from include/uapi/linux/capability.h.
-REQUIRED_CAPABILITIES: dict[str, int] = {"CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 
 # bpf(2) syscall numbers by `uname -m`; BPF_ENABLE_STATS and BPF_STATS_RUN_TIME from uapi bpf.h.
 _BPF_SYSCALL_NR: dict[str, int] = {
@@ -43,7 +54,6 @@ _BPF_SYSCALL_NR: dict[str, int] = {
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
 
-FIX_ROOT = "run as root, or grant CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN"
 FIX_BTF = "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y"
 FIX_BPFTOOL = "apt-get install bpftool"
 FIX_SETUP = "run `make setup`"
@@ -55,59 +65,7 @@ FIX_TP_BTF = "tp_btf needs Linux >= 5.5 and BTF; raw tracepoints work"
 FIX_BPF_STATS = "needs Linux >= 5.1 for the kernel.bpf_stats_enabled sysctl"
 
 
-@dataclass(frozen=True)
-class Check:
-    """Outcome of one feature check; ``fix`` is a one-line remedy when ``ok`` is false."""
-
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None
-    required: bool
-
-
-@dataclass(frozen=True)
-class Host:
-    """Where the checks look: real roots by default, a fake tree in tests."""
-
-    proc: Path = Path("/proc")
-    sys: Path = Path("/sys")
-    modules: Path = Path("/lib/modules")
-    kernel_release: str = field(default_factory=lambda: os.uname().release)
-    search_path: str | None = None  # PATH for finding bpftool; None = the environment's
-
-    @property
-    def btf_path(self) -> Path:
-        """The kernel's own BTF blob."""
-        return self.sys / "kernel" / "btf" / "vmlinux"
-
-    @property
-    def mounts_path(self) -> Path:
-        """Our mount table."""
-        return self.proc / "self" / "mounts"
-
-
 # -- individual checks ----------------------------------------------------------------------------
-
-
-def check_capabilities(host: Host) -> Check:
-    """Effective capabilities of this process include those BPF tracing needs."""
-    name = "privileges"
-    status_path = host.proc / "self" / "status"
-    try:
-        cap_eff = next(
-            int(line.split()[1], 16)
-            for line in status_path.read_text(encoding="utf-8").splitlines()
-            if line.startswith("CapEff:")
-        )
-    except OSError as error:
-        return Check(name, False, f"{status_path}: {error.strerror}", FIX_ROOT, True)
-    except (StopIteration, ValueError, IndexError):
-        return Check(name, False, f"no CapEff line in {status_path}", FIX_ROOT, True)
-    missing = [cap for cap, bit in REQUIRED_CAPABILITIES.items() if not cap_eff >> bit & 1]
-    if missing:
-        return Check(name, False, "missing " + ", ".join(missing), FIX_ROOT, True)
-    return Check(name, True, "CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN", None, True)
 
 
 def check_btf(host: Host) -> Check:
@@ -216,15 +174,6 @@ def check_tracepoint(bpf: Any, tracepoint: str, probes: list[str], signature: st
 def check_attach_mode(bpf: Any) -> Check:
     """Which attach mode the probes get: tp_btf (typed tracepoints: direct loads, cheaper) if the
     kernel takes a tp_btf program, else raw tracepoints; ``TAILSIGHT_ATTACH_MODE`` forces one."""
-    from tailsight.probes.loader import (
-        RAW_TP,
-        TP_BTF,
-        ProbeError,
-        load_tp_btf,
-        preferred_attach_modes,
-        raw_tracepoint_open_btf,
-    )
-
     name = "attach mode"
     try:
         modes = preferred_attach_modes()
@@ -247,9 +196,6 @@ def check_attach_mode(bpf: Any) -> Check:
 
 def check_offsets(host: Host) -> Check:
     """Offsets resolve from BTF and the self-check reads our own task correctly."""
-    from tailsight.probes.btf import Btf, BtfError
-    from tailsight.probes.offsets import OffsetCheckError, resolve_offsets, run_self_check
-
     try:
         offsets = resolve_offsets(Btf.load(host.btf_path))
         report = run_self_check(offsets, mounts_path=host.mounts_path)
@@ -261,8 +207,6 @@ def check_offsets(host: Host) -> Check:
 
 def _tracepoint_signature(host: Host, tracepoint: str) -> str:
     """Argument types from BTF, e.g. ``(struct task_struct *)``, or '' if unavailable."""
-    from tailsight.probes.btf import Btf, BtfError
-
     try:
         args = Btf.load(host.btf_path).tracepoint_args(tracepoint)
     except BtfError:
@@ -278,8 +222,6 @@ def run_checks(
     host: Host | None = None, probe_tracepoints: Mapping[str, tuple[str, ...]] | None = None
 ) -> list[Check]:
     """Every check, in dependency order; checks whose prerequisites failed report that instead."""
-    from tailsight.probes.catalog import PROBE_TRACEPOINTS
-
     host = host if host is not None else Host()
     probe_tracepoints = PROBE_TRACEPOINTS if probe_tracepoints is None else probe_tracepoints
     privileges = check_capabilities(host)

@@ -51,7 +51,7 @@ class PrivilegeError(ProbeError):
 def require_bpf_privileges() -> None:
     """Raise PrivilegeError, naming what is missing and the fix, unless this process has the
     capabilities tracing needs (root has them all); checked before anything is compiled."""
-    from tailsight.probes.features import Host, check_capabilities
+    from tailsight.probes.host import Host, check_capabilities
 
     check = check_capabilities(Host())
     if not check.ok:

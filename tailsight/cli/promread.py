@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
+from tailsight.cli.timerange import parse_time
+
 if TYPE_CHECKING:
     from tailsight.histfile import HistDocument
 
@@ -70,7 +72,6 @@ def read_prometheus(
 ) -> list[HistDocument]:
     """The window's documents; every problem is one line on stderr and exit 2."""
     from tailsight.analysis.promsource import PrometheusError, PrometheusSource, read_documents
-    from tailsight.cli.record import parse_time
 
     credentials = None
     if basic_auth is not None:

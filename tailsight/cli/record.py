@@ -8,7 +8,6 @@ import dataclasses
 import errno
 import json
 import math
-import re
 import sys
 import threading
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from tailsight.cli.promread import (
     PrometheusOption,
     StepOption,
 )
+from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
 
 if TYPE_CHECKING:
     from tailsight.collector.store import Recording
@@ -33,16 +33,6 @@ if TYPE_CHECKING:
 
 VIEW_WIDTH: Final = 80
 SHOW_QUANTILES: Final = (0.5, 0.99, 0.999)
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_UNIT_S: Final = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-# Time range options of the commands that read recordings (show, explain); see parse_time.
-SinceOption = Annotated[
-    str | None,
-    typer.Option("--since", help="Start: -5m (before the end), +30s, epoch s or ISO time."),
-]
-UntilOption = Annotated[str | None, typer.Option("--until", help="End, same forms as --since.")]
 
 
 def record(
@@ -155,29 +145,6 @@ def report_problems(recording: Recording) -> None:
     """What the last read skipped or merged, one line each on stderr."""
     for line in recording.report():
         typer.echo(f"warning: {line}", err=True)
-
-
-def parse_time(text: str, first_ns: int, last_ns: int) -> int:
-    """``+D`` after the recording's start, ``-D`` before its end (D like 30s, 5m, 250ms),
-    seconds since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
-    text = text.strip()
-    if text[:1] in "+-":
-        match = _DURATION.match(text[1:])
-        if match is None:
-            raise typer.BadParameter(f"bad duration {text!r} (e.g. -5m, +30s)")
-        offset_ns = int(float(match[1]) * _UNIT_S[match[2] or "s"] * 1e9)
-        return first_ns + offset_ns if text[0] == "+" else last_ns - offset_ns
-    try:
-        return int(float(text) * 1e9)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as error:
-        raise typer.BadParameter(f"bad time {text!r}: {error}") from error
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1e9)
 
 
 def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:

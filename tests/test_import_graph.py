@@ -1,0 +1,139 @@
+"""No import cycles among tailsight's modules, counting every import: at module top, inside
+functions and under ``TYPE_CHECKING``. A cycle closed by a function-local import never fails at
+run time, which is how ``probes/offsets.py`` <-> ``probes/features.py`` went unnoticed; this
+reads the graph from the sources instead."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def package_dirs() -> dict[str, Path]:
+    """Import name -> folder, as pyproject.toml installs them (probes/ is tailsight.probes)."""
+    with open(REPO / "pyproject.toml", "rb") as file:
+        mapping = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
+    return {name: REPO / folder for name, folder in mapping.items()}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the installed package, by its dotted name."""
+    roots = package_dirs()
+    nested = {folder.resolve() for name, folder in roots.items() if name != "tailsight"}
+    found: dict[str, Path] = {}
+    for package, folder in roots.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if package == "tailsight" and (folder / parts[0]).resolve() in nested:
+                continue  # mapped under its own name
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def imported_names(module: str, path: Path) -> Iterator[str]:
+    """Every name an import statement anywhere in the module may refer to."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tailsight modules it imports (a name resolves to its longest module)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        targets = set()
+        for name in imported_names(module, path):
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
+    try:
+        for node in sorted(graph):
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    assert cycles(graph) == []
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    # Not vacuous: the subpackages are found under their import names, with edges from
+    # module-top imports (features -> loader), function-local ones (cli.trace -> collector)
+    # and relative or TYPE_CHECKING ones alike.
+    assert len(graph) > 80
+    assert "tailsight.probes.loader" in graph["tailsight.probes.features"]
+    assert "tailsight.collector.cgroups" in graph["tailsight.probes.offsets"]
+    assert any(t.startswith("tailsight.collector.") for t in graph["tailsight.cli.serve"])
+
+
+def test_cycles_are_found_through_function_local_imports(tmp_path: Path) -> None:
+    # The shape the check exists for: a top-level import one way, a local one back.
+    (tmp_path / "a.py").write_text("import tailsight.b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from tailsight import a\n")
+    (tmp_path / "c.py").write_text("from tailsight.b import f\n")
+    graph = {
+        f"tailsight.{name}": {
+            target
+            for target in imported_names(f"tailsight.{name}", tmp_path / f"{name}.py")
+            if target in {"tailsight.a", "tailsight.b"} and target != f"tailsight.{name}"
+        }
+        for name in "abc"
+    }
+    assert cycles(graph) == [["tailsight.a", "tailsight.b"]]
