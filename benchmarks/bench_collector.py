@@ -116,7 +116,6 @@ def scrape_latency(render: Callable[[], bytes], scrapes: int) -> tuple[list[floa
 
 def real_reads() -> list[str]:
     """One read of every catalog probe (wall / CPU), needs root and bcc."""
-    from tailsight.collector.agent import as_snapshot
     from tailsight.probes.catalog import PROBE_CLASSES, create_probe
 
     lines = []
@@ -126,7 +125,7 @@ def real_reads() -> list[str]:
             probe.attach()
             time.sleep(0.5)
             wall, cpu = time.perf_counter(), time.process_time()
-            snapshot = as_snapshot(name, probe.read())
+            snapshot = probe.read()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             lines.append(
                 f"  {name:<10} read: {wall * 1e3:7.2f} ms wall, {cpu * 1e3:7.2f} ms CPU "

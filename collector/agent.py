@@ -10,14 +10,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from tailsight.collector.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.base import Snapshot
 
 FORGET_EVERY_INTERVALS: Final = 30
 """How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
@@ -28,22 +28,6 @@ if TYPE_CHECKING:
     from tailsight.collector.exporter import ProbeStatus, PrometheusExporter
     from tailsight.collector.store import RecordingWriter
     from tailsight.probes.base import Probe
-
-
-def as_snapshot(probe_name: str, state: Any) -> Snapshot:
-    """A probe's ``read()`` as a generic Snapshot; converts the run-queue probe's own snapshot
-    (wait / displaced / dropped) for probes not yet moved onto ``probes/base.py``."""
-    if isinstance(state, Snapshot):
-        return state
-    histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in state.wait.items()}
-    counters: dict[tuple[str, Any], int] = {}
-    for (victim, aggressor), pair in state.displaced.items():
-        key = labels(victim=victim, aggressor=aggressor)
-        counters[(f"{probe_name}_displaced_wait_ns", key)] = pair.wait_ns
-        counters[(f"{probe_name}_displaced_switches", key)] = pair.switches
-    for reason, value in state.dropped.items():
-        counters[(f"{probe_name}_dropped_events", labels(reason=reason))] = value
-    return Snapshot(probe_name, state.taken_ns, histograms, counters)
 
 
 class RecordingFailed(OSError):
@@ -106,7 +90,7 @@ class Agent:
                 self._not_attached(name, probe, error)
         for name, probe in ready:
             try:
-                first = as_snapshot(name, probe.read())
+                first = probe.read()
                 fds = dict(probe.program_fds())
             except Exception as error:
                 self._not_attached(name, probe, error)
@@ -145,7 +129,7 @@ class Agent:
         document = HistDocument(start_ns=self.last_end_ns, end_ns=self.last_end_ns)
         for name, entry in self.attached.items():
             try:
-                now = as_snapshot(name, entry.probe.read())
+                now = entry.probe.read()
             except Exception as error:
                 entry.status.read_errors += 1
                 self.log(f"probe {name}: read failed: {error}")

@@ -17,14 +17,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tailsight.cli.serve import build_agent
-from tailsight.collector.agent import FORGET_EVERY_INTERVALS, Agent, RecordingFailed, as_snapshot
+from tailsight.collector.agent import FORGET_EVERY_INTERVALS, Agent, RecordingFailed
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
@@ -229,33 +228,6 @@ def test_run_stops_on_event_and_emits_the_last_interval(
     agent.close()
     agent.close()
     assert probe.closed == 1
-
-
-@dataclass
-class _Pair:
-    wait_ns: int
-    switches: int
-
-
-@dataclass
-class _LegacySnapshot:
-    taken_ns: int
-    wait: dict[int, Histogram]
-    displaced: dict[tuple[int, int], _Pair]
-    dropped: dict[str, int]
-
-
-def test_as_snapshot_converts_the_old_runqueue_snapshot() -> None:
-    hist = Histogram.from_samples(np.array([1, 2, 3]))
-    legacy = _LegacySnapshot(5, {7: hist}, {(7, 0): _Pair(100, 2)}, {"hist_full": 4})
-    snapshot = as_snapshot("runqueue", legacy)
-    assert snapshot.histograms == {labels(cgroup=7): hist}
-    assert snapshot.counters == {
-        ("runqueue_displaced_wait_ns", labels(victim=7, aggressor=0)): 100,
-        ("runqueue_displaced_switches", labels(victim=7, aggressor=0)): 2,
-        ("runqueue_dropped_events", labels(reason="hist_full")): 4,
-    }
-    assert as_snapshot("runqueue", snapshot) is snapshot
 
 
 def free_port() -> int:
