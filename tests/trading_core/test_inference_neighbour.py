@@ -1,16 +1,20 @@
 """The inference stage as a noisy neighbour (issue 13, item 6): the trading system replays a
-day with its CPUs pinned apart (exchange on one, trading on the other), recorded by
-`tailsight record`; a first run without inference, a second with the default model, whose worker
-inherits the trading CPU. Ground truth: when the worker started (and when it began scoring beside
-the feed). `explain` on the recording must put the inference cgroup first as what displaced the
-trading process's run-queue wait, dated within a few intervals of a start.
+day with its CPUs pinned apart, recorded by `tailsight record`; a first run without inference,
+a second with the default model, whose worker inherits the trading CPU. Ground truth: when the
+worker started (and when it began scoring beside the feed). `explain` on the recording must
+put the inference cgroup first as what displaced the trading process's run-queue wait, dated
+within a few intervals of a start.
 
-Opt-in (not collected by `make test`): it passed 3 of 3 runs here by hand, but in one CI run
-the trading process's own jump was not detected (only that of /, which the worker displaced
-too). Run it with `pytest tests/trading_core/check_inference_neighbour.py`."""
+The trading CPU holds the trading process, then its worker, and nothing else we start: the
+recorder (``inject.recording`` keeps it off ``inject.CPU``), the exchange and this test run on
+the other CPUs. A first version had the recorder on the trading CPU: symbolizing the worker's
+torch stacks there (nice -10) starved the worker's load for tens of seconds, stretched the
+recorder's intervals to 8-14 s over the second run, and the trading process's own jump was not
+found (only that of /)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -20,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from tailsight.analysis.explain import explain_documents
-from tailsight.analysis.inject import INTERVAL_S, Injection, recording, score
+from tailsight.analysis.inject import CPU, INTERVAL_S, Injection, recording, score
 from tailsight.collector.store import Recording
 from tailsight.demo import fast_forward_off_hours
+from tailsight.histfile import HistDocument
 from tailsight.trading_core.netns import topology, unique_topology
 from tailsight.trading_core.replay import (
     Placement,
@@ -38,12 +43,36 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 RUN_S = 15.0  # each run: a before window and an after window of the explain's 30 intervals
 
 
+def _run_queue_table(documents: list[HistDocument], start_ns: int) -> str:
+    """Per interval, events and P99 of each cgroup's run-queue wait (for a failure's message)."""
+    names = sorted(
+        {
+            s.labels["cgroup"]
+            for d in documents
+            for s in d.series
+            if s.labels.get("probe") == "runqueue" and set(s.labels) == {"cgroup", "probe"}
+        }
+    )
+    lines = ["t_s " + " ".join(f"{n.rsplit('/', 1)[-1] or '/':>18}" for n in names)]
+    for document in documents:
+        cells = []
+        for name in names:
+            found = document.find(probe="runqueue", cgroup=name)
+            hist = next((s.hist for s in found if len(s.labels) == 2), None)
+            count = hist.count if hist is not None else 0
+            p99_us = hist.quantile(0.99) / 1e3 if count else 0.0
+            cells.append(f"{count:>8} {p99_us:>7.0f}us")
+        lines.append(f"{(document.start_ns - start_ns) / 1e9:5.1f} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     kernel_ready: None, tmp_path: Path
 ) -> None:
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("kernel: needs two CPUs (exchange and trading pinned apart)")
+    if len(cpus) < 2 or CPU not in cpus:
+        pytest.skip(f"kernel: needs two CPUs, CPU {CPU} among them (trading and exchange apart)")
+    others = frozenset(cpus) - {CPU}
     day = tmp_path / "day.itch"
     subprocess.run(
         [str(Path(sys.executable).with_name("tailsight")), "itch", "generate", str(day),
@@ -53,15 +82,20 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     ticks = fast_forward_off_hours(load_ticks(day))
     speed = speed_for_duration(ticks.timestamps_ns, RUN_S)
     base = private_base("inference-neighbour")
-    placement = Placement({"exchange": frozenset(cpus[:1]), "trading": frozenset(cpus[1:2])})
+    placement = Placement({"exchange": others, "trading": frozenset({CPU})})
     quiet = ReplayConfig(path="udp", speed=speed, act_share=0.25)
     with_inference = ReplayConfig(
         path="udp", speed=speed, act_share=0.25, inference_model="smollm2"
     )
-    with (
-        topology(unique_topology("infnb")) as topo,
-        ReplaySystem(ticks, topo, ["udp"], placement, cgroup_base=base) as system,
-    ):
+    affinity = os.sched_getaffinity(0)
+    with contextlib.ExitStack() as stack:
+        # This test's own process (and what it forks before pinning) off the trading CPU.
+        os.sched_setaffinity(0, others)
+        stack.callback(os.sched_setaffinity, 0, affinity)
+        topo = stack.enter_context(topology(unique_topology("infnb")))
+        system = stack.enter_context(
+            ReplaySystem(ticks, topo, ["udp"], placement, cgroup_base=base)
+        )
         system.start()
         with recording(tmp_path / "rec"):
             before = system.run(quiet)
@@ -74,7 +108,12 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     # The first interval holds the events since the first probe attached (see inject.py).
     documents = Recording(tmp_path / "rec").documents()[1:]
     report = explain_documents(documents)
-    text = report.render_text()
+    first_ns = documents[0].start_ns
+    text = (
+        f"{report.render_text()}\nworker started at {(worker_start_ns - first_ns) / 1e9:.1f} s,"
+        f" scoring from {(after.document.start_ns - first_ns) / 1e9:.1f} s\n"
+        f"{_run_queue_table(documents, first_ns)}"
+    )
     # It starts twice: loading the model (seconds of CPU on the trading CPU, while the trading
     # process readies the run), then scoring beside the feed once the run goes. The trading's
     # wait is found rising at one of them (which one varies from run to run); that incident's
