@@ -7,10 +7,10 @@ within a few intervals of a start.
 
 The trading CPU holds the trading process, then its worker, and nothing else we start: the
 recorder (``inject.recording`` keeps it off ``inject.CPU``), the exchange and this test run on
-the other CPUs. A first version had the recorder on the trading CPU: symbolizing the worker's
-torch stacks there (nice -10) starved the worker's load for tens of seconds, stretched the
-recorder's intervals to 8-14 s over the second run, and the trading process's own jump was not
-found (only that of /)."""
+the other CPUs. A first version had the recorder (nice -10, symbolizing the worker's stacks) on
+the trading CPU: in a failing run the worker's load took 38 s instead of ~6 s, the recorder's
+intervals stretched to 8-14 s over the second run, and the trading process's own jump was not
+found (only that of /, as in CI)."""
 
 from __future__ import annotations
 
