@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,3 +332,45 @@ def test_the_stage_with_a_remote_model_labels_its_series(llama_server: str) -> N
 def test_a_dead_server_is_a_clear_error() -> None:
     with pytest.raises(InferenceError, match=r"127\.0\.0\.1"):
         load_runtime(f"http://127.0.0.1:{_free_port()}/v1")
+
+
+# ------------------------------------------------------------------ the GPU device script
+
+GPU_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_inference.py"
+
+
+def _gpu_script() -> Any:
+    spec = importlib.util.spec_from_file_location("gpu_inference", GPU_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_script_parses_its_options_and_builds_a_llama_3_8b_shape() -> None:
+    """What can be checked of the device script without a GPU: its options, and that its
+    randomly initialised model has Llama-3-8B's exact parameter count (on the meta device: no
+    memory, no weights), built in bf16 directly."""
+    import torch
+
+    script = _gpu_script()
+    assert script.parse_args([]).compile == ["eager", "default"]
+    assert script.parse_args(["--smoke"]).compile == ["eager"]
+    assert script.parse_args(["--compile", "reduce-overhead"]).compile == ["reduce-overhead"]
+    with pytest.raises(SystemExit):
+        script.parse_args(["--repeats", "1"])
+    net = script.random_llama(script.LLAMA3_8B, "meta", torch.bfloat16)
+    assert sum(p.numel() for p in net.parameters()) == script.LLAMA3_8B_PARAMETERS
+    assert {p.dtype for p in net.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_its_smoke_mode_on_the_cpu() -> None:
+    done = subprocess.run(
+        [sys.executable, str(GPU_SCRIPT), "--smoke", "--repeats", "3"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("tiny-llama")]
+    assert [row[-3] for row in rows] == ["1", "8"]  # batch 1 and 8, P50 and P99 after it
+    assert all(0 < float(row[-2]) <= float(row[-1]) for row in rows)
