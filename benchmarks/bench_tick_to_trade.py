@@ -15,7 +15,8 @@ stage, and the exchange's order throughput (achieved, and its capacity from its 
 Goals on this machine: AF_XDP (copy mode) in-system P50 <= 30 µs, P99 <= 150 µs.
 
 Usage: bench_tick_to_trade.py [--quick] [--runs N] [--messages N] [--rate MSG_PER_S]
-       [--act-share X] [--placement exchange=0,trading=1] [--out DIR]
+       [--act-share X] [--placement exchange=0,trading=1|auto|none] [--no-busy-poll]
+       [--out DIR]
 (needs root and bcc for part 2; exits 0 with a note if not)
 """
 
@@ -125,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=None, help="messages in the day")
     parser.add_argument("--rate", type=float, default=None, help="average messages per second")
     parser.add_argument("--act-share", type=float, default=0.25, help="strategy's acting share")
-    parser.add_argument("--placement", default="", help="CPUs, e.g. exchange=0,trading=1")
+    parser.add_argument(
+        "--placement", default="auto", help="CPUs, e.g. exchange=0,trading=1 (auto, none)"
+    )
+    parser.add_argument(
+        "--no-busy-poll", action="store_true", help="the trading loop sleeps in poll()"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write each run's result here")
     args = parser.parse_args(argv)
     runs = args.runs or (2 if args.quick else 5)
@@ -168,12 +174,12 @@ def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Name
     ticks = load_ticks(day)
     duration_s = messages / rate
     speed = speed_for_duration(ticks.timestamps_ns, duration_s)
-    config = ReplayConfig(speed=speed, act_share=args.act_share)
+    config = ReplayConfig(speed=speed, act_share=args.act_share, busy_poll=not args.no_busy_poll)
     placement = Placement.parse(args.placement)
     print(
         f"\nreplay: {messages} messages per run at {rate:g} msg/s ({duration_s:.1f} s), "
         f"act share {args.act_share:g}, {runs} runs per path interleaved, "
-        f"placement {placement.label()}"
+        f"placement {placement.label()}, {'sleeping' if args.no_busy_poll else 'busy'} poll"
     )
     merged = {path: {stage: Histogram.empty() for stage in SERIES} for path in paths}
     per_run: dict[str, list[tuple[int, float, float]]] = {path: [] for path in paths}

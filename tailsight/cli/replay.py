@@ -97,8 +97,14 @@ def replay(
     ] = 0.25,
     placement: Annotated[
         str,
-        typer.Option(help="CPUs per component, e.g. exchange=0,trading=1 (default: any)"),
-    ] = "",
+        typer.Option(
+            help="CPUs per component, e.g. exchange=0,trading=1; auto: exchange on the first "
+            "CPU, trading alone on the last; none: unpinned"
+        ),
+    ] = "auto",
+    busy_poll: Annotated[
+        bool, typer.Option(help="the trading loop spins on the feed instead of sleeping")
+    ] = True,
     inject_delay_us: Annotated[
         float,
         typer.Option(help="calibration only: busy-wait this long before each order is sent"),
@@ -169,6 +175,7 @@ def replay(
         inject_delay_us=inject_delay_us,
         path=paths[0],
         inference_model=model if inference else None,
+        busy_poll=busy_poll,
     )
     out.mkdir(parents=True, exist_ok=True)
     summaries = []

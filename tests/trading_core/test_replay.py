@@ -68,6 +68,12 @@ def test_placement_parses_validates_and_labels() -> None:
     placement = Placement.parse(f"exchange={cpus[0]},trading={cpus[-1]}")
     assert placement.label() == f"exchange={cpus[0]},trading={cpus[-1]}"
     assert Placement.parse("").label() == "exchange=*,trading=*"
+    assert Placement.parse("none").label() == "exchange=*,trading=*"
+    auto = Placement.parse("auto")
+    if len(cpus) >= 2:
+        assert auto.label() == f"exchange={cpus[0]},trading={cpus[-1]}"
+    else:
+        assert auto.label() == "exchange=*,trading=*"
     with pytest.raises(ValueError, match="COMPONENT"):
         Placement.parse("feed=0")
     with pytest.raises(ValueError, match="not available"):
