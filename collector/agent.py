@@ -1,6 +1,8 @@
-"""The collector loop behind ``tailsight serve`` and ``tailsight record``: attach the probes, read
-them every interval, turn cumulative maps into interval documents with cgroup paths, and hand
-each one to the Prometheus exporter and the recording store."""
+"""The one collection loop, behind ``tailsight trace``, ``serve`` and ``record``: attach the
+probes, read them every interval, turn cumulative maps into interval documents with cgroup paths
+(one rule for a map that went backwards: that interval is skipped, counting restarts from the new
+reading), and hand each document to its consumers: the Prometheus exporter, the recording store,
+the live view's running total. ``collector/wiring.py`` says which of them each command gets."""
 
 from __future__ import annotations
 
@@ -8,16 +10,17 @@ import contextlib
 import errno
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from tailsight.collector.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
-from tailsight.collector.exporter import RecordingStatus
+from tailsight.collector.exporter import ProbeStatus, RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot
+from tailsight.probes.catalog import PROBE_CLASSES, create_probe
 
 FORGET_EVERY_INTERVALS: Final = 30
 """How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
@@ -25,9 +28,35 @@ is forgotten at the check after the one that found it gone."""
 
 if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
-    from tailsight.collector.exporter import ProbeStatus, PrometheusExporter
+    from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
     from tailsight.probes.base import Probe
+
+
+def run_every(
+    interval_s: float,
+    tick: Callable[[], object],
+    wait: Callable[[float], bool],
+    duration_s: float | None = None,
+) -> None:
+    """Call ``tick`` every ``interval_s`` on a fixed schedule until ``wait`` (which waits up to
+    the seconds it is given) returns True or the duration ends, then once more: the last, partial
+    interval is collected too. The schedule of every command that collects."""
+    began = time.monotonic()
+    deadline = None if duration_s is None else began + duration_s
+    next_tick = began + interval_s
+    while True:
+        wake = next_tick if deadline is None else min(next_tick, deadline)
+        if wait(max(0.0, wake - time.monotonic())):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        tick()
+        next_tick += interval_s
+        behind = time.monotonic() - next_tick
+        if behind > 0:  # overran (suspended, overloaded): on to the next slot, in phase
+            next_tick += (behind // interval_s + 1) * interval_s
+    tick()
 
 
 class RecordingFailed(OSError):
@@ -61,20 +90,19 @@ class Agent:
     interval_errors: int = 0
     recording: RecordingStatus = field(default_factory=RecordingStatus)
     verdicts: JumpVerdicts | None = None  # live jump verdicts (collector/verdicts.py)
+    # Further consumers of each interval document (trace's running total).
+    listeners: list[Callable[[HistDocument], object]] = field(default_factory=list)
+    started_ns: int = 0  # wall clock just before the baseline reads
     forgotten_cgroups: int = 0
     _removed: set[int] = field(default_factory=set)  # found removed, forgotten at next check
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
-        from tailsight.probes.catalog import PROBE_CLASSES
-
         return list(dict.fromkeys(self.config.probes or PROBE_CLASSES))
 
     def start(self) -> None:
-        """Attach every probe that can be; failures are logged and exported, not fatal."""
-        from tailsight.collector.exporter import ProbeStatus
-        from tailsight.probes.catalog import create_probe
-
+        """Attach every probe that can be; failures are logged and exported, not fatal. With
+        ``config.cgroup_filter`` each probe records only those cgroups' subtrees (in the kernel)."""
         make = self.create_probe or create_probe
         # Attach all first, then take every probe's baseline reading: a probe read right after
         # its own attach would carry the events of the others' attach (seconds of compiling)
@@ -84,10 +112,14 @@ class Agent:
             probe: Probe | None = None
             try:
                 probe = make(name)
+                if self.config.cgroup_filter:
+                    probe.set_cgroup_filter([])  # compiled in; the ids follow
                 probe.attach()
                 ready.append((name, probe))
             except Exception as error:  # ProbeError, bcc's bare Exception, KeyError, ...
                 self._not_attached(name, probe, error)
+        self._set_filter(probe for _, probe in ready)
+        self.started_ns = time.time_ns()
         for name, probe in ready:
             try:
                 first = probe.read()
@@ -115,13 +147,24 @@ class Agent:
             self.exporter.extra_families.append(self.verdicts.families)
 
     def _not_attached(self, name: str, probe: Probe | None, error: Exception) -> None:
-        from tailsight.collector.exporter import ProbeStatus
-
         reason = " ".join(str(error).split()) or type(error).__name__
         self.log(f"probe {name}: not attached: {reason}")
         self.statuses[name] = ProbeStatus(attached=False, reason=reason)
         if probe is not None:
             _close_quietly(probe)
+
+    def refresh_filter(self) -> None:
+        """Re-walk the filtered subtrees so that cgroups created since are recorded too."""
+        self._set_filter(entry.probe for entry in self.attached.values())
+
+    def _set_filter(self, probes: Iterable[Probe]) -> None:
+        if not self.config.cgroup_filter:
+            return
+        ids: set[int] = set()
+        for path in self.config.cgroup_filter:
+            ids.update(self.resolver.subtree_ids(path))
+        for probe in probes:
+            probe.set_cgroup_filter(ids)
 
     def tick(self) -> HistDocument:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""
@@ -142,7 +185,11 @@ class Agent:
                 entry.previous = now
                 continue
             entry.previous = now
-            keep = None if self.config.cgroup_subtree == "/" else self._keep
+            keep = (
+                self._keep
+                if self.config.cgroup_filter or self.config.cgroup_subtree != "/"
+                else None
+            )
             part = interval.to_document(document.start_ns, self.resolver.resolve_many, keep)
             document.series.extend(part.series)
             document.counters.extend(part.counters)
@@ -159,6 +206,7 @@ class Agent:
             consumers.append(self.verdicts.update)
         if self.exporter is not None:
             consumers.append(self.exporter.update)
+        consumers.extend(self.listeners)
         for consume in consumers:
             try:
                 consume(document)
@@ -196,32 +244,23 @@ class Agent:
         self._removed = self.resolver.gone(seen - self._removed)
 
     def _keep(self, cgroup: str) -> bool:
-        """Whether a series of this cgroup is exported: it lies in ``--cgroup-root``."""
-        return is_within(cgroup, self.config.cgroup_subtree)
+        """Whether a series of this cgroup is kept: it lies in ``--cgroup-root`` and, with a
+        cgroup filter (trace's ``--cgroup``), in one of its subtrees."""
+        if not is_within(cgroup, self.config.cgroup_subtree):
+            return False
+        filtered = self.config.cgroup_filter
+        return not filtered or any(is_within(cgroup, path) for path in filtered)
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
         """Tick every interval on a fixed schedule until ``stop`` is set or the duration ends;
         the last (partial) interval is emitted too, so nothing read is lost."""
-        began = time.monotonic()
-        deadline = None if duration_s is None else began + duration_s
-        next_tick = began + self.config.interval_s
-        while True:
-            wake = next_tick if deadline is None else min(next_tick, deadline)
-            if stop.wait(max(0.0, wake - time.monotonic())):
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            self._tick_surviving()
-            next_tick += self.config.interval_s
-            behind = time.monotonic() - next_tick
-            if behind > 0:  # overran (suspended, overloaded): on to the next slot, in phase
-                next_tick += (behind // self.config.interval_s + 1) * self.config.interval_s
-        self._tick_surviving()
+        run_every(self.config.interval_s, self._tick_surviving, stop.wait, duration_s)
 
     def _tick_surviving(self) -> None:
         """One bad interval (a bug, an odd reading) is counted, logged and skipped: the agent
         keeps serving. Only a failed recording of ``record`` ends the run."""
         try:
+            self.refresh_filter()
             self.tick()
         except RecordingFailed:
             raise

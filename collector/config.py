@@ -1,4 +1,4 @@
-"""Settings of one collector (``tailsight serve`` / ``tailsight record``), frozen so that every
+"""Settings of one collector (``tailsight trace`` / ``serve`` / ``record``), frozen so that every
 component sees the same values for the whole run."""
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class CollectorConfig:
     cgroup_root: Path | None = None
     # serve --cgroup-root: only this cgroup subtree is exported (one agent per "host" subtree).
     cgroup_subtree: str = "/"
+    # trace --cgroup: only these cgroups and their descendants are recorded, filtered in the
+    # kernel (normalized paths; empty: all).
+    cgroup_filter: tuple[str, ...] = ()
     # Kubernetes: namespace/pod/container labels beside cgroup (collector/pods.py); pod names
     # from a PodList URL (the kubelet's /pods or the API server's), else pod UIDs.
     pod_labels: bool = False
@@ -69,6 +72,7 @@ class CollectorConfig:
         if any(w <= 0 for w in self.quantile_windows_s):
             raise ValueError(f"quantile windows must be > 0 s, got {self.quantile_windows_s}")
         normalize(self.cgroup_subtree)  # ValueError for "." or ".." in the path
+        object.__setattr__(self, "cgroup_filter", tuple(map(normalize, self.cgroup_filter)))
         for pattern in self.cgroup_allow:
             try:
                 re.compile(pattern)

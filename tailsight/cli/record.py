@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
@@ -64,9 +63,10 @@ def record(
     ] = None,
 ) -> None:
     """Record per-cgroup latency histograms, one document per interval."""
-    from tailsight.cli.serve import _check_probes, build_agent, log_to_stderr, stop_on_signals
+    from tailsight.cli.serve import check_probes_or_exit, log_to_stderr
     from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.store import RecordingWriter
+    from tailsight.collector.wiring import open_recording, stop_on_signals
+    from tailsight.collector.wiring import record as run_record
 
     try:
         config = CollectorConfig(
@@ -78,35 +78,24 @@ def record(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    _check_probes(config)
+    check_probes_or_exit(config.probes)
     # The writer is made here, before anything is attached, so that a bad directory, a busy
     # one or a bad group is an input error (exit 2) that costs nothing.
     try:
-        writer = RecordingWriter(
-            directory, max_age_s=retention_age, max_bytes=retention_bytes, group=group
-        )
+        writer = open_recording(dataclasses.replace(config, record_group=group))
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--group") from error
     except OSError as error:
         typer.echo(f"error: cannot record to {directory}: {_reason(error)}", err=True)
         raise typer.Exit(1 if _disk_full(error) else 2) from None
+    assert writer is not None
     stop = threading.Event()
-    agent = build_agent(dataclasses.replace(config, record_dir=None), log_to_stderr, export=False)
-    agent.writer = writer
-    failure: OSError | None = None
     with stop_on_signals(stop):
-        try:
-            agent.start()
-            if not agent.attached:
-                log_to_stderr("nothing attached: run `tailsight doctor` to see why")
-                raise typer.Exit(1)
-            log_to_stderr(f"recording {', '.join(sorted(agent.attached))} to {directory}")
-            agent.run(stop, duration)
-        except OSError as error:  # the recording failed (the agent stops on it)
-            failure = error
-        finally:
-            with contextlib.suppress(OSError):
-                agent.close()
+        agent, failure = run_record(
+            dataclasses.replace(config, record_dir=None), writer, stop, log_to_stderr, duration
+        )
+    if not agent.started:
+        raise typer.Exit(1)
     if failure is not None:
         typer.echo(
             f"error: recording to {directory} stopped: {_reason(failure)}; the "

@@ -3,22 +3,13 @@ optionally recording full-resolution intervals too; SIGTERM detaches and flushes
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
-
-if TYPE_CHECKING:
-    from tailsight.collector.agent import Agent
-    from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.endpoint import MetricsServer
-    from tailsight.collector.pods import PodLabeler
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -33,154 +24,6 @@ def parse_listen(text: str) -> tuple[str, int]:
 def log_to_stderr(message: str) -> None:
     """One line per event (attach failures, resets) on stderr."""
     print(f"tailsight: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM / SIGINT set ``stop`` (the loop then detaches and flushes) instead of killing us."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum: int, frame: Any) -> None:
-        stop.set()
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def build_agent(config: CollectorConfig, log: Callable[[str], None], export: bool) -> Agent:
-    """An agent with an exporter (if ``export``) and a recording writer (if configured)."""
-    from tailsight.collector.agent import Agent
-    from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount
-    from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.collector.store import RecordingWriter
-
-    root = config.cgroup_root or find_cgroup2_mount()
-    writer = None
-    failed: OSError | None = None
-    if config.record_dir is not None:
-        try:
-            writer = RecordingWriter(
-                config.record_dir,
-                max_age_s=config.retention_max_age_s,
-                max_bytes=config.retention_max_bytes,
-                group=config.record_group,
-            )
-        except OSError as error:
-            if not export:  # `record`: the recording is the point, its caller says why not
-                raise
-            failed = error
-    exporter = PrometheusExporter(config, pods=pod_labeler(config, log)) if export else None
-    agent = Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
-    if failed is not None:
-        agent.stop_recording(failed)  # serving without the recording beats not serving
-    return agent
-
-
-def pod_labeler(config: CollectorConfig, log: Callable[[str], None]) -> PodLabeler | None:
-    """The exporter's pod labels for ``--pod-labels`` (names from ``--kubelet-url``)."""
-    from tailsight.collector.pods import PodDirectory, PodLabeler
-
-    if not config.pod_labels:
-        return None
-    directory = None
-    if config.kubelet_url is not None:
-        directory = PodDirectory(
-            config.kubelet_url,
-            token_file=config.kubelet_token_file,
-            ca_file=config.kubelet_ca_file,
-            insecure_tls=config.kubelet_insecure_tls,
-            log=log,
-        )
-    return PodLabeler(directory)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether only this host can reach ``address`` ("localhost" or a loopback IP)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
-
-
-def run_serve(
-    config: CollectorConfig,
-    stop: threading.Event,
-    duration_s: float | None = None,
-    log: Callable[[str], None] = log_to_stderr,
-    on_ready: Callable[[Agent, MetricsServer], None] | None = None,
-) -> Agent:
-    """Attach, serve ``/metrics`` and tick until ``stop`` or the duration; always cleans up."""
-    from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_context
-    from tailsight.probes.features import enable_bpf_stats
-
-    # Bad files are bad input (exit 2), found before anything is attached.
-    password_hash = None
-    if config.basic_auth_hash_file is not None:
-        try:
-            password_hash = read_hash_file(config.basic_auth_hash_file)
-        except (OSError, ValueError) as error:
-            raise typer.BadParameter(
-                f"{error}; make the hash with `tailsight serve --hash-password`",
-                param_hint="--basic-auth-hash-file",
-            ) from error
-    tls = None
-    if config.tls_certfile is not None and config.tls_keyfile is not None:
-        try:
-            tls = tls_context(config.tls_certfile, config.tls_keyfile)
-        except OSError as error:  # ssl.SSLError is one
-            raise typer.BadParameter(
-                f"cannot load {config.tls_certfile} / {config.tls_keyfile}: {error}",
-                param_hint="--tls-cert/--tls-key",
-            ) from error
-    if not is_loopback(config.address) and tls is None and password_hash is None:
-        log(
-            f"warning: /metrics on {config.address} is reachable from the network with neither "
-            "TLS nor auth: anyone who connects reads cgroup paths and latencies "
-            "(add --tls-cert/--tls-key and --basic-auth-user, or listen on 127.0.0.1)"
-        )
-    agent = build_agent(config, log, export=True)
-    assert agent.exporter is not None
-    with contextlib.ExitStack() as stack:
-        stack.callback(agent.close)
-        try:
-            mechanism = stack.enter_context(enable_bpf_stats(config.proc_root))
-            agent.exporter.bpf_stats_enabled = True
-            log(f"BPF run-time stats on ({mechanism})")
-        except OSError as error:
-            log(f"BPF run-time stats unavailable: {error}")
-        agent.start()
-        if not agent.attached:
-            log("nothing attached: run `tailsight doctor` to see why")
-            return agent
-        try:
-            server = MetricsServer(
-                agent.exporter.exposition,
-                config.address,
-                config.port,
-                tls=tls,
-                user=config.basic_auth_user,
-                password_hash=password_hash,
-            )
-        except OSError as error:
-            log(f"cannot serve on {config.address}:{config.port}: {error.strerror or error}")
-            raise typer.Exit(1) from error
-        stack.callback(server.close)
-        attached = sorted(agent.attached)
-        log(f"serving {server.url}; probes attached: {', '.join(attached) or 'none'}")
-        if on_ready is not None:
-            on_ready(agent, server)
-        agent.run(stop, duration_s)
-    return agent
 
 
 def serve(
@@ -285,6 +128,13 @@ def serve(
 ) -> None:
     """Serve per-cgroup latency histograms to Prometheus until SIGTERM / Ctrl-C."""
     from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
+    from tailsight.collector.wiring import (
+        BadInput,
+        CannotServe,
+        check_cgroup_root,
+        stop_on_signals,
+    )
+    from tailsight.collector.wiring import serve as run_serve
 
     if hash_password:
         from tailsight.collector.endpoint import hash_password as make_hash
@@ -321,44 +171,30 @@ def serve(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
-    _check_probes(config)
-    _check_subtree(config)
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        agent = run_serve(config, stop, duration)
+    check_probes_or_exit(config.probes)
+    try:
+        check_cgroup_root(config)
+        stop = threading.Event()
+        with stop_on_signals(stop):
+            agent = run_serve(config, stop, log_to_stderr, duration)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint=error.option) from error
+    except CannotServe as error:
+        raise typer.Exit(1) from error
     if not agent.started:
         raise typer.Exit(1)
 
 
-def _check_subtree(config: CollectorConfig) -> None:
-    """``--cgroup-root`` must name a cgroup that exists (exit 2 before anything is attached)."""
-    from tailsight.collector.cgroups import find_cgroup2_mount, normalize
+def check_probes_or_exit(probes: Sequence[str]) -> None:
+    """Known probe names (else exit 2), and the privileges to load them: one message up front
+    (exit 2), not a compile failure per probe."""
+    from tailsight.collector.wiring import BadInput, check_probes
+    from tailsight.probes.loader import PrivilegeError
 
-    if config.cgroup_subtree == "/":
-        return
     try:
-        mount = config.cgroup_root or find_cgroup2_mount()
-    except FileNotFoundError as error:
-        raise typer.BadParameter(str(error), param_hint="--cgroup-root") from None
-    if not (mount / normalize(config.cgroup_subtree).lstrip("/")).is_dir():
-        raise typer.BadParameter(
-            f"no cgroup {config.cgroup_subtree} under {mount}", param_hint="--cgroup-root"
-        )
-
-
-def _check_probes(config: CollectorConfig) -> None:
-    """Known probe names, and the privileges to load them: one message up front (exit 2), not
-    a compile failure per probe."""
-    from tailsight.probes.catalog import PROBE_CLASSES
-    from tailsight.probes.loader import PrivilegeError, require_bpf_privileges
-
-    unknown = [p for p in config.probes if p not in PROBE_CLASSES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown probe(s) {unknown}; known: {sorted(PROBE_CLASSES)}", param_hint="--probe"
-        )
-    try:
-        require_bpf_privileges()
+        check_probes(probes)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint=error.option) from None
     except PrivilegeError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None

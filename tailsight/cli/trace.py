@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Final, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -26,139 +27,23 @@ from tailsight.cli.trace_view import (
 from tailsight.probes.catalog import PROBE_CLASSES
 
 if TYPE_CHECKING:
-    from tailsight.collector.cgroups import CgroupResolver
+    from tailsight.collector.wiring import LiveSession, LiveSource
     from tailsight.histfile import HistDocument
-    from tailsight.probes.base import Probe, Snapshot
 
 KNOWN_PROBES: Final = tuple(PROBE_CLASSES)
 
 
-class TraceSource(Protocol):
-    """What the live loop needs from a session (a fake in tests)."""
-
-    def refresh_filter(self) -> None: ...
-
-    def advance(self) -> tuple[HistDocument, HistDocument]: ...
-
-
-@dataclass
-class Session:
-    """Attached probes, the cgroup filter and the cumulative baseline of one trace."""
-
-    resolver: CgroupResolver
-    cgroup_filter: list[str]
-    probes: dict[str, Probe] = field(default_factory=dict)
-    baseline: dict[str, Snapshot] = field(default_factory=dict)
-    last: dict[str, Snapshot] = field(default_factory=dict)
-    start_ns: int = 0
-
-    def keep(self, path: str) -> bool:
-        from tailsight.collector.cgroups import is_within
-
-        return not self.cgroup_filter or any(is_within(path, c) for c in self.cgroup_filter)
-
-    def refresh_filter(self) -> None:
-        """Re-walk the filtered subtrees so descendants created since are recorded too."""
-        if not self.cgroup_filter:
-            return
-        ids: set[int] = set()
-        for path in self.cgroup_filter:
-            ids.update(self.resolver.subtree_ids(path))
-        for probe in self.probes.values():
-            probe.set_cgroup_filter(ids)
-
-    def document(self) -> HistDocument:
-        """Everything since the trace started, all probes in one document."""
-        from tailsight.histfile import HistDocument
-
-        merged = HistDocument(start_ns=self.start_ns, end_ns=time.time_ns())
-        for name, probe in self.probes.items():
-            interval = probe.read() - self.baseline[name]
-            doc = interval.to_document(self.start_ns, self.resolver.resolve_many, self.keep)
-            merged.series.extend(doc.series)
-            merged.counters.extend(doc.counters)
-            merged.end_ns = max(merged.end_ns, doc.end_ns)
-        return merged
-
-    def advance(self) -> tuple[HistDocument, HistDocument]:
-        """One read of every probe: (everything since the start, the interval since the previous
-        ``advance``); both from the same snapshot, so they agree exactly."""
-        from tailsight.histfile import HistDocument
-
-        now_ns = time.time_ns()
-        total = HistDocument(start_ns=self.start_ns, end_ns=now_ns)
-        interval = HistDocument(start_ns=now_ns, end_ns=now_ns)
-        for name, probe in self.probes.items():
-            snapshot = probe.read()
-            previous = self.last.get(name, self.baseline[name])
-            self.last[name] = snapshot
-            since_start = snapshot - self.baseline[name]
-            since_previous = snapshot - previous
-            for merged, part in (
-                (
-                    total,
-                    since_start.to_document(self.start_ns, self.resolver.resolve_many, self.keep),
-                ),
-                (
-                    interval,
-                    since_previous.to_document(
-                        previous.taken_ns, self.resolver.resolve_many, self.keep
-                    ),
-                ),
-            ):
-                merged.series.extend(part.series)
-                merged.counters.extend(part.counters)
-                merged.start_ns = min(merged.start_ns, part.start_ns)
-                merged.end_ns = max(merged.end_ns, part.end_ns)
-        return total, interval
-
-    def close(self) -> None:
-        for probe in self.probes.values():
-            probe.close()
-        self.probes.clear()
-
-
 def open_session(
-    probes: Sequence[str], cgroups: Sequence[str], warn: Callable[[str], None]
-) -> Session:
-    """Attach what can be attached (each failure reported through ``warn``)."""
-    from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount, normalize
-    from tailsight.probes.catalog import create_probe
+    probes: Sequence[str], cgroups: Sequence[str], warn: Callable[[str], None], interval_s: float
+) -> LiveSession:
+    """The collector's live session; a ``--cgroup`` that is not there is bad input (exit 2)."""
+    from tailsight.collector.wiring import BadInput
+    from tailsight.collector.wiring import open_session as open_live_session
 
-    resolver = CgroupResolver(find_cgroup2_mount())
-    wanted = [normalize(c) for c in cgroups]
-    for path in wanted:
-        if not resolver.absolute(path).is_dir():
-            raise typer.BadParameter(
-                f"no cgroup {path} under {resolver.root}", param_hint="--cgroup"
-            )
-    session = Session(resolver, wanted)
-    for name in probes:
-        try:
-            probe = create_probe(name)
-            probe.set_cgroup_filter([] if wanted else None)
-            probe.attach()
-        except Exception as error:  # ProbeError, OffsetCheckError, bcc's bare Exception
-            warn(f"probe {name}: not attached: {error}")
-            continue
-        session.probes[name] = probe
-    session.refresh_filter()
-    session.start_ns = time.time_ns()
-    session.baseline = {name: p.read() for name, p in session.probes.items()}
-    session.last = dict(session.baseline)
-    return session
-
-
-def wait_until(session: TraceSource, duration_s: float | None, interval_s: float) -> None:
-    """Sleep for the duration (or until Ctrl-C), refreshing the cgroup filter every interval."""
-    deadline = None if duration_s is None else time.monotonic() + duration_s
     try:
-        while deadline is None or time.monotonic() < deadline:
-            remaining = interval_s if deadline is None else deadline - time.monotonic()
-            time.sleep(max(0.0, min(interval_s, remaining)))
-            session.refresh_filter()
-    except KeyboardInterrupt:
-        pass
+        return open_live_session(probes, cgroups, warn, interval_s)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint=error.option) from None
 
 
 @dataclass
@@ -171,7 +56,7 @@ class LiveResult:
 
 
 def run_live(
-    session: TraceSource,
+    session: LiveSource,
     duration_s: float | None,
     interval_s: float,
     console: Any,
@@ -183,10 +68,11 @@ def run_live(
     move the selection between refreshes and redraw at once."""
     from rich.live import Live
 
+    from tailsight.collector.agent import run_every
+
     intervals: deque[HistDocument] = deque(maxlen=HISTORY_INTERVALS)
     document, _ = session.advance()  # the moments since the session opened: not an interval
     selection = resolve_selection(document, selection)
-    deadline = None if duration_s is None else time.monotonic() + duration_s
     height = max(10, int(getattr(console, "height", 40)) - 1)
 
     def view() -> Any:
@@ -201,38 +87,38 @@ def run_live(
         )
 
     with Live(view(), console=console, auto_refresh=False, transient=True) as live:
-        next_refresh = time.monotonic()
-        try:
-            while True:
-                # On a fixed schedule, so that columns of the heatmap are equal intervals.
-                next_refresh = max(next_refresh + interval_s, time.monotonic())
-                if deadline is not None:
-                    next_refresh = min(next_refresh, deadline)
-                stop = False
-                try:
-                    while (remaining_s := next_refresh - time.monotonic()) > 0:
-                        if keys is None:
-                            time.sleep(remaining_s)
-                            break
-                        key = keys.read(remaining_s)
-                        if key == KEY_QUIT:
-                            stop = True
-                            break
-                        if key is not None:
-                            selection = apply_key(document, selection, key)
-                            live.update(view(), refresh=True)
-                except KeyboardInterrupt:
-                    stop = True
-                # Always at least one interval, and the last (partial) one when stopped early.
-                session.refresh_filter()
-                document, interval = session.advance()
-                intervals.append(interval)
-                selection = resolve_selection(document, selection)
-                if stop or (deadline is not None and time.monotonic() >= deadline):
-                    break
-                live.update(view(), refresh=True)
-        except KeyboardInterrupt:
-            pass
+
+        def wait(timeout_s: float) -> bool:
+            """Until the next refresh keys move the selection and redraw; q or Ctrl-C stops."""
+            nonlocal selection
+            until = time.monotonic() + timeout_s
+            try:
+                while (remaining_s := until - time.monotonic()) > 0:
+                    if keys is None:
+                        time.sleep(remaining_s)
+                        break
+                    key = keys.read(remaining_s)
+                    if key == KEY_QUIT:
+                        return True
+                    if key is not None:
+                        selection = apply_key(document, selection, key)
+                        live.update(view(), refresh=True)
+            except KeyboardInterrupt:
+                return True
+            return False
+
+        def refresh() -> None:
+            nonlocal document, selection
+            session.refresh_filter()
+            document, interval = session.advance()
+            intervals.append(interval)
+            selection = resolve_selection(document, selection)
+            live.update(view(), refresh=True)
+
+        # The collectors' schedule: fixed, so that columns of the heatmap are equal intervals;
+        # always at least one interval, and the last (partial) one when stopped early.
+        with contextlib.suppress(KeyboardInterrupt):
+            run_every(interval_s, refresh, wait, duration_s)
     return LiveResult(document, list(intervals), selection)
 
 
@@ -264,21 +150,21 @@ def trace(
     """Trace latency per cgroup live (Ctrl-C ends with the summary)."""
     from rich.console import Console
 
-    probes = list(dict.fromkeys(probe or KNOWN_PROBES))
-    unknown = [p for p in probes if p not in KNOWN_PROBES]
-    if unknown:
-        raise typer.BadParameter(f"unknown probe(s) {unknown}; known: {list(KNOWN_PROBES)}")
-    errors = Console(stderr=True)
-    from tailsight.probes.loader import PrivilegeError, require_bpf_privileges
+    from tailsight.collector.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
+    from tailsight.probes.loader import PrivilegeError
 
+    probes = list(dict.fromkeys(probe or KNOWN_PROBES))
+    errors = Console(stderr=True)
     try:  # one message up front, not a compile failure per probe
-        require_bpf_privileges()
+        check_probes(probes)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint=error.option) from None
     except PrivilegeError as error:
         errors.print(f"tailsight trace: {error}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    session = open_session(probes, cgroup or [], lambda m: errors.print(m, markup=False))
+    session = open_session(probes, cgroup or [], lambda m: errors.print(m, markup=False), interval)
     if not session.probes:
-        errors.print("nothing attached: run `tailsight doctor` to see why", markup=False)
+        errors.print(NOTHING_ATTACHED, markup=False)
         raise typer.Exit(1)
     try:
         if json_output:

@@ -184,7 +184,7 @@ def test_render_fits_80_columns() -> None:
 
 @pytest.mark.kernel
 def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
-    from tailsight.cli.trace import open_session, wait_until
+    from tailsight.collector.wiring import open_session, wait_until
     from tailsight.workload import Task, Workload, default_cpu, private_base
 
     cpu = default_cpu()
@@ -207,7 +207,7 @@ def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
 
 @pytest.mark.kernel
 def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
-    from tailsight.cli.trace import open_session
+    from tailsight.collector.wiring import open_session
     from tailsight.workload import Task, Workload, default_cpu, private_base
 
     cpu = default_cpu()
@@ -239,7 +239,7 @@ def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
 def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None:
     from rich.console import Console
 
-    from tailsight.cli.trace import open_session
+    from tailsight.collector.wiring import open_session
     from tailsight.workload import Workload, private_base, python_task
 
     sends = 31  # prime

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tailsight.cli.serve import build_agent
 from tailsight.collector.agent import FORGET_EVERY_INTERVALS, Agent, RecordingFailed
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.store import Recording, RecordingWriter
+from tailsight.collector.wiring import build_agent
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels
