@@ -267,6 +267,9 @@ class TorchRuntime:
         )
         self.net.to(device).eval()
         self._labels = _label_ids(self.tokenize)
+        # Warm-up: the first forward pays for kernel selection and allocation (on a GPU, cuBLAS
+        # set-up: hundreds of ms), which belongs to the load, not to the first signal.
+        self.score(self.render(""))
 
     def _convert(self, path: Path, directory: Path) -> None:
         import tempfile
@@ -301,9 +304,15 @@ class TorchRuntime:
         bos = self.tokenizer.bos_token or ""
         return _render_template(self.tokenizer.chat_template, user, bos)
 
-    def _forward(self, tokens: Sequence[int], past: Any = None) -> Any:
+    def _forward(self, tokens: Sequence[int], past: Any = None, decoding: bool = True) -> Any:
+        """One forward pass; ``decoding=False`` (a signal): no KV cache, and the vocabulary's
+        logits for the last position only (the LM head for every prompt position is a fifth
+        of SmolLM2's prefill)."""
         ids = self._torch.tensor([list(tokens)], device=self.device)
-        out = self.net(input_ids=ids, cache=past, use_cache=True)
+        if decoding:
+            out = self.net(input_ids=ids, cache=past, use_cache=True)
+        else:
+            out = self.net(input_ids=ids, use_cache=False, logits_to_keep=1)
         if self.device == "cuda":
             self._torch.cuda.synchronize()
         return out
@@ -312,7 +321,7 @@ class TorchRuntime:
         tokens = self.tokenize(prompt)
         with self._torch.inference_mode():
             start = time.perf_counter_ns()
-            logits = self._forward(tokens).logits[0, -1]
+            logits = self._forward(tokens, decoding=False).logits[0, -1]
             prefill_ns = time.perf_counter_ns() - start
             return Scores(_label_logits(logits, self._labels), len(tokens), prefill_ns)
 
