@@ -6,7 +6,7 @@ own machine state), so the unit of analysis is one quantile per run. For each (s
 * ``x`` = baseline per-run quantiles, ``y`` = candidate per-run quantiles (runs where the series is
   absent or empty are left out), compared on a log scale;
 * threshold ``t = 1 + max(min_effect, min_effect_ns / median(x))``: the smallest ratio that counts
-  as a regression. The absolute floor (default 10 µs = two 5 µs buckets) keeps bucket-resolution
+  as a regression. The absolute floor (default 5 µs = one bucket) keeps bucket-resolution
   movements of small quantiles from failing a build;
 * ``p_worse``: one-sided Mann-Whitney U p-value of ``log y - log t`` against ``log x`` for
   "candidate larger", i.e. a test of H0 "ratio <= t" (not worse than the minimum effect);
@@ -29,7 +29,7 @@ Decision:
 
 By default only the in-system tick-to-trade series (``DEFAULT_SERIES``) is gated, at P50 and P99.
 
-Defaults: quantiles 0.5, 0.99; alpha 0.05; min_effect 5 %; min_effect_ns 10 000; min_runs 5.
+Defaults: quantiles 0.5, 0.99; alpha 0.05; min_effect 5 %; min_effect_ns 5 000; min_runs 5.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class GateConfig:
     quantiles: tuple[float, ...] = (0.5, 0.99)
     alpha: float = 0.05
     min_effect: float = 0.05
-    min_effect_ns: float = 10_000.0
+    min_effect_ns: float = 5_000.0
     min_runs: int = 5
 
     def __post_init__(self) -> None:

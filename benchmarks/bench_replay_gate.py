@@ -109,7 +109,9 @@ def main() -> None:
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
     parser.add_argument("--placement", default="")
     parser.add_argument("--ratio", type=float, default=1.10, help="target in-system P99 ratio")
-    parser.add_argument("--delay-us", type=float, default=0.0, help="B's delay (default: sized)")
+    parser.add_argument(
+        "--delay-us", type=float, default=0.0, help="B's delay (default: sized by a pilot)"
+    )
     parser.add_argument(
         "--lock", default="", help="flock this file per trial (e.g. /tmp/tailsight-heavy.lock)"
     )
@@ -128,21 +130,25 @@ def main() -> None:
         made = tailsight("itch", "generate", str(itch), "--messages", str(messages))
         if made.returncode != 0:
             sys.exit(made.stderr)
-        with held(args.lock):
-            pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
-        p99_us = float(np.nanmedian(in_system(pilot, 0.99))) / 1e3
-        if not math.isfinite(p99_us):
-            sys.exit("no in-system series in the pilot runs")
-        # A busy-wait adds its length to every order only while the strategy keeps up; on an
-        # overloaded pipeline it queues and multiplies (the printed B/A ratio tells): --delay-us.
-        delay_us = args.delay_us or (args.ratio - 1.0) * p99_us
+        if args.delay_us:
+            delay_us, sized = args.delay_us, "given"
+        else:
+            with held(args.lock):
+                pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
+            p99_us = float(np.nanmedian(in_system(pilot, 0.99))) / 1e3
+            if not math.isfinite(p99_us):
+                sys.exit("no in-system series in the pilot runs")
+            # A busy-wait adds its length to every order only while the strategy keeps up; on
+            # an overloaded pipeline it queues and multiplies (the B/A ratio tells): --delay-us.
+            delay_us = (args.ratio - 1.0) * p99_us
+            sized = f"pilot in-system P99 {p99_us:.1f} µs"
         print(
             f"replay gate calibration: {args.trials} trials x (A, B, A') x {args.runs} runs of "
             f"{args.duration:g} s, {messages:,} messages, path {args.path}"
             f"{', placement ' + args.placement if args.placement else ''}\n"
-            f"  pilot in-system P99 {p99_us:.1f} µs -> --inject-delay-us {delay_us:.1f} "
+            f"  {sized} -> --inject-delay-us {delay_us:.1f} "
             f"(+{args.ratio - 1:.0%} P99); gate: P50+P99, alpha {config.alpha}, "
-            f"min effect {config.min_effect:.0%}"
+            f"min effect max({config.min_effect:.0%}, {config.min_effect_ns / 1e3:g} µs)"
         )
         outcomes = {name: dict.fromkeys(Outcome, 0) for name in ("A/A", "A/B")}
         pooled_false = 0

@@ -166,7 +166,7 @@ def gate(
     quantiles: Annotated[str, typer.Option(help="comma-separated quantiles")] = "0.5,0.99",
     alpha: Annotated[float, typer.Option(help="family-wise significance level")] = 0.05,
     min_effect: Annotated[float, typer.Option(help="smallest relative regression")] = 0.05,
-    min_effect_us: Annotated[float, typer.Option(help="smallest absolute regression, µs")] = 10.0,
+    min_effect_us: Annotated[float, typer.Option(help="smallest absolute regression, µs")] = 5.0,
     min_runs: Annotated[int, typer.Option(help="runs needed per side")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON document")] = False,
 ) -> None:

@@ -111,14 +111,15 @@ def test_identical_runs_pass() -> None:
     assert result.outcome is Outcome.PASS and result.ratio == 1.0
 
 
-def test_absolute_floor_of_two_buckets_sets_the_threshold_for_small_quantiles() -> None:
+def test_absolute_floor_of_one_bucket_sets_the_threshold_for_small_quantiles() -> None:
     base = np.full(8, 20_000.0) + np.arange(8)  # a P50 of ~20 µs
-    cand = base * 1.2  # +4 µs: less than two 5 µs buckets
+    cand = base * 1.2  # +4 µs: less than one 5 µs bucket
     result = compare(base, cand, 0.5, CONFIG)
-    assert result.threshold == pytest.approx(1 + 10_000 / np.median(base))
+    assert result.threshold == pytest.approx(1 + 5_000 / np.median(base))
     assert result.outcome is Outcome.PASS
     relative_only = GateConfig(min_effect_ns=0)
     assert compare(base, cand, 0.5, relative_only).outcome is Outcome.REGRESSION
+    assert compare(base, base * 1.3, 0.5, CONFIG).outcome is Outcome.REGRESSION  # +6 µs
 
 
 def test_too_few_runs_is_inconclusive_and_says_how_many() -> None:
