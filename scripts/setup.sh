@@ -67,6 +67,12 @@ llama_cpp_version=$(sed -n 's/^llamacpp = \["llama-cpp-python\[server\]==\([^"]*
 [ -n "$llama_cpp_version" ] || { echo "setup: no llamacpp pin in pyproject.toml" >&2; exit 1; }
 if [ "$("$VENV/bin/python" -c 'import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)' 2>/dev/null)" != "$llama_cpp_version" ]; then
     echo "setup: installing llama-cpp-python $llama_cpp_version (a source build unless pip cached its wheel)"
+    build_tools=()  # the source build's compiler and build system
+    for tool in g++ cmake; do command -v "$tool" >/dev/null || build_tools+=("$tool"); done
+    if [ ${#build_tools[@]} -gt 0 ]; then
+        [ -n "$(find /var/lib/apt/lists -name '*Packages*' -newer /etc/os-release 2>/dev/null | head -1)" ] || apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${build_tools[@]}" >/dev/null
+    fi
     CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
         "$VENV/bin/pip" install -q "llama-cpp-python[server]==$llama_cpp_version"
 fi
