@@ -10,7 +10,10 @@
  *   counters tcp_retransmits{cgroup}: retransmitted skbs (one tracepoint hit each; an skb may
  *       carry several segments, so this is <= the netns's RetransSegs / tcpi_total_retrans),
  *       tcp_retransmit_failures{cgroup}: attempts the kernel reported with err != 0 (only on
- *       kernels whose tracepoint passes err)
+ *       kernels whose tracepoint passes err),
+ *       tcp_retransmits_to_peer{cgroup, victim}: the retransmits of connections whose other end
+ *       is a socket of this host, by the cgroup holding that end (`victim`: the receiver that
+ *       waits for the data); connections established before attach have no known other end
  * Only transitions both ends of which were seen count: sockets already open at attach give
  * time-in-state samples from their first seen transition on, and no lifetime.
  *
@@ -19,7 +22,14 @@
  *   tcp_retransmit_skb(const struct sock *sk, const struct sk_buff *skb[, int err])
  *
  * Attribution: to sk->sk_cgrp_data.cgroup (include/sock.bpf.h), the cgroup of the task that
- * created the socket; accepted sockets inherit the listener's.  Most of these events run in
+ * created the socket; accepted sockets inherit the listener's.  The other end: every socket that
+ * enters ESTABLISHED leaves {its (local port, remote port), its cgroup} in a direct-mapped array
+ * (slot = a hash of the port pair: two stores, no hash-map update on this hot path); a retransmit
+ * looks up the mirrored pair (its remote port, its local port), which is the other end when both
+ * ends live on this host (loopback, veth between namespaces).  A later connection hashing to the
+ * same slot overwrites an entry (its other end is then unknown, never wrong: the pair is
+ * compared); ports only, so another host's connection can be taken for ours only if this host
+ * holds the exact mirrored pair at the same time.  Most of these events run in
  * softirq (an incoming SYN-ACK, a retransmit timer) with an unrelated `current`, which is never
  * used.  Only IPPROTO_TCP sockets count (the tracepoint also serves other protocols).
  *
@@ -68,6 +78,7 @@
 #define TCPSTATE_MAX_CGROUPS 4096
 #endif
 #define TCPSTATE_MAX_PORTS 64
+#define TCPSTATE_ENDS_BITS 16 /* 65,536 established ends remembered for peer lookups */
 
 #define IPPROTO_TCP_NUM 6
 /* include/net/tcp_states.h */
@@ -85,7 +96,8 @@
 #define DROP_SOCK_TABLE 0 /* no room to track a socket */
 #define DROP_HIST_FULL 1 /* no series slot left */
 #define DROP_COUNTER_FULL 2
-#define DROP_REASONS 3
+#define DROP_PEER_FULL 3 /* no room for a (cgroup, other end) retransmit counter */
+#define DROP_REASONS 4
 
 /* tcpstate_config slots, written by user space. */
 #define CONFIG_FILTER_ON 0
@@ -120,6 +132,19 @@ struct tcpstate_cpu {
     struct tcpstate_series_cached cache[SERIES_CACHE];
 };
 
+/* One established socket: its (local port << 16 | remote port) and its cgroup. */
+struct tcpstate_end {
+    u64 cgroup_id;
+    u32 ports;
+    u32 pad;
+};
+
+/* Retransmits counted by (retransmitting socket's cgroup, cgroup of the connection's other end). */
+struct tcpstate_peer_pair {
+    u64 cgroup_id;
+    u64 peer_cgroup_id;
+};
+
 /* What the attach-time self-check connection looked like through our offsets. */
 struct tcpstate_selfcheck {
     u64 hits;
@@ -143,6 +168,8 @@ BPF_F_TABLE("array", u32, u64, tcpstate_hist, TCPSTATE_MAX_SERIES * HIST_ROW, BP
 BPF_F_TABLE("array", u32, u64, tcpstate_sum_ns, TCPSTATE_MAX_SERIES, BPF_F_MMAPABLE);
 BPF_HASH(tcpstate_retransmits, u64, u64, TCPSTATE_MAX_CGROUPS);
 BPF_HASH(tcpstate_retransmit_failures, u64, u64, TCPSTATE_MAX_CGROUPS);
+BPF_ARRAY(tcpstate_ends, struct tcpstate_end, 1 << TCPSTATE_ENDS_BITS);
+BPF_HASH(tcpstate_peer_retransmits, struct tcpstate_peer_pair, u64, TCPSTATE_MAX_CGROUPS);
 BPF_HASH(tcpstate_cgroup_allow, u64, u8, TCPSTATE_MAX_CGROUPS);
 BPF_HASH(tcpstate_port_allow, u16, u8, TCPSTATE_MAX_PORTS);
 BPF_ARRAY(tcpstate_config, u32, CONFIG_SLOTS);
@@ -155,6 +182,12 @@ static __always_inline void count_drop(u32 reason)
 
     if (dropped)
         (*dropped)++;
+}
+
+/* The tcpstate_ends slot of a port pair (Fibonacci hashing: the top bits of a multiply). */
+static __always_inline u32 end_slot(u32 ports)
+{
+    return (ports * 2654435769u) >> (32 - TCPSTATE_ENDS_BITS);
 }
 
 static __always_inline u32 config(u32 slot)
@@ -337,6 +370,17 @@ int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
         tcpstate_socks.delete(&sk_key);
         return 0;
     }
+    if (newstate == TCP_ESTABLISHED_STATE) {
+        /* Remembered for the other end's retransmits (one update per connection end). */
+        u32 ports = (u32)sock_local_port(sk) << 16 | sock_remote_port(sk);
+        u32 slot = end_slot(ports);
+        struct tcpstate_end *end = tcpstate_ends.lookup(&slot);
+
+        if (end) {
+            end->cgroup_id = cgroup_id;
+            end->ports = ports;
+        }
+    }
     if (tracked) {
         tracked->state = (u32)newstate;
         tracked->entered_ns = now_ns;
@@ -376,6 +420,29 @@ static __always_inline void count_for_cgroup(u64 cgroup_id, bool failed)
     __sync_fetch_and_add(count, 1);
 }
 
+/* The retransmit by the cgroup holding the connection's other end, when that end is ours. */
+static __always_inline void count_for_peer(const void *sk, u64 cgroup_id)
+{
+    u32 other_ports = (u32)sock_remote_port(sk) << 16 | sock_local_port(sk);
+    u32 slot = end_slot(other_ports);
+    struct tcpstate_peer_pair pair = {};
+    struct tcpstate_end *end;
+    u64 zero = 0;
+    u64 *count;
+
+    end = tcpstate_ends.lookup(&slot);
+    if (!end || end->ports != other_ports || !other_ports)
+        return;
+    pair.cgroup_id = cgroup_id;
+    pair.peer_cgroup_id = end->cgroup_id;
+    count = tcpstate_peer_retransmits.lookup_or_try_init(&pair, &zero);
+    if (!count) {
+        count_drop(DROP_PEER_FULL);
+        return;
+    }
+    __sync_fetch_and_add(count, 1);
+}
+
 int on_tcp_retransmit_skb(struct bpf_raw_tracepoint_args *ctx)
 {
     const void *sk = (const void *)ctx->args[0];
@@ -391,5 +458,7 @@ int on_tcp_retransmit_skb(struct bpf_raw_tracepoint_args *ctx)
     failed = (int)ctx->args[2] != 0;
 #endif
     count_for_cgroup(cgroup_id, failed);
+    if (!failed)
+        count_for_peer(sk, cgroup_id);
     return 0;
 }

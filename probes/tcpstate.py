@@ -5,7 +5,9 @@ Series labels (``Snapshot.histograms`` keys; cgroup values are ids until ``to_do
 ``{cgroup, kind="time_in_state", from_state, to_state}``, ``{cgroup, kind="connect"}``,
 ``{cgroup, kind="lifetime"}``, each with ``port`` (an allow-listed port or "other") when the
 probe was built with a port allow-list.  Counters: ``tcp_retransmits{cgroup}``,
-``tcp_retransmit_failures{cgroup}``, ``tcpstate_dropped_events{reason}``.
+``tcp_retransmit_failures{cgroup}``, ``tcp_retransmits_to_peer{cgroup, victim}`` (retransmits of
+connections whose other end, held by ``victim``, is a socket of this host established while the
+probe ran), ``tcpstate_dropped_events{reason}``.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ HIST_ROW: Final = NUM_BUCKETS + 1
 OTHER_PORT: Final = "other"
 RETRANSMITS: Final = "tcp_retransmits"
 RETRANSMIT_FAILURES: Final = "tcp_retransmit_failures"
+PEER_RETRANSMITS: Final = "tcp_retransmits_to_peer"
+"""Retransmits by (cgroup of the retransmitting socket, ``victim``: cgroup of the other end)."""
 DROPPED: Final = "tcpstate_dropped_events"
 # Index i of tcpstate_dropped_events (DROP_* in tcpstate.bpf.c).
-DROP_REASONS: Final = ("sock_table_full", "hist_full", "counter_full")
+DROP_REASONS: Final = ("sock_table_full", "hist_full", "counter_full", "peer_counter_full")
 # KIND_* in tcpstate.bpf.c.
 KINDS: Final = ("time_in_state", "connect", "lifetime")
 # include/net/tcp_states.h
@@ -215,6 +219,9 @@ class TcpStateProbe:
         ):
             for cgroup_id, value in bpf[table].items():
                 counters[(name, labels(cgroup=int(cgroup_id.value)))] = int(value.value)
+        for pair, value in bpf[b"tcpstate_peer_retransmits"].items():
+            key = labels(cgroup=int(pair.cgroup_id), victim=int(pair.peer_cgroup_id))
+            counters[(PEER_RETRANSMITS, key)] = int(value.value)
         drops = bpf[b"tcpstate_dropped_events"]
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
@@ -237,6 +244,10 @@ class TcpStateProbe:
             release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
         for table in (b"tcpstate_retransmits", b"tcpstate_retransmit_failures"):
             delete_where(bpf[table], lambda key: int(key.value) in cgroup_ids)
+        delete_where(
+            bpf[b"tcpstate_peer_retransmits"],
+            lambda pair: {int(pair.cgroup_id), int(pair.peer_cgroup_id)} & cgroup_ids != set(),
+        )
 
     def _mapped_array(self, name: str, shape: tuple[int, ...]) -> MappedArray:
         mapped = self._mapped.get(name)

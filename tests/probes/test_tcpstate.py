@@ -21,6 +21,7 @@ from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, resolve_offs
 from tailsight.probes.tcpstate import (
     KINDS,
     OTHER_PORT,
+    PEER_RETRANSMITS,
     RETRANSMITS,
     TCP_STATES,
     TcpStateProbe,
@@ -33,6 +34,7 @@ from tailsight.workload import Task, Workload, private_base, python_task
 
 CONNECTS = 31  # prime: a stray or missing event cannot hide in a round number
 SETTLE_TIMEOUT_S = 10.0
+HANDSHAKE_RETRIES = 6  # tcp_syn_retries: SYNs sent again at most
 
 # A server accepting `count` connections, reading each to EOF and closing it; it listens only
 # after "go" (so its sockets belong to the cgroup it was moved into) and prints its port.
@@ -316,7 +318,9 @@ def test_wrong_socket_offset_refuses_to_attach(kernel_ready: None, macro: str) -
 
 @pytest.mark.kernel
 @pytest.mark.slow
-def test_retransmits_are_charged_to_the_sender_cgroup(probe: TcpStateProbe) -> None:
+def test_retransmits_are_charged_to_the_sender_cgroup_and_name_the_other_end(
+    probe: TcpStateProbe,
+) -> None:
     port, size = 5201, 300_000
     with veth_pair("rtx") as link:
         link.drop_incoming_tcp(link.receiver, port, percent=30)
@@ -340,6 +344,7 @@ def test_retransmits_are_charged_to_the_sender_cgroup(probe: TcpStateProbe) -> N
         ]
         with Workload(tasks, base=private_base("rtx")) as workload:
             sender = workload.cgroup_id("sender")
+            receiver = workload.cgroup_id("receiver")
             snmp_before = link.snmp_tcp(link.sender)
             before = probe.read()
             _send(workload, "receiver", "go")
@@ -354,3 +359,13 @@ def test_retransmits_are_charged_to_the_sender_cgroup(probe: TcpStateProbe) -> N
     assert total_retrans > 0, "30% loss and not one retransmit: the drop rule did not work"
     # One tracepoint hit per retransmitted skb, which may carry several segments.
     assert 0 < retransmits <= total_retrans <= retrans_segs
+    # Both ends live on this host (two namespaces over a veth) and connected while the probe
+    # ran: the sender's retransmits name the receiver's cgroup as the other end, all but those
+    # of the handshake (a lost SYN is sent again before the receiver's socket is established).
+    to_peer = {
+        dict(key)["victim"]: value
+        for (name, key), value in interval.counters.items()
+        if name == PEER_RETRANSMITS and dict(key)["cgroup"] == sender
+    }
+    assert set(to_peer) == {receiver}
+    assert retransmits - HANDSHAKE_RETRIES <= to_peer[receiver] <= retransmits
