@@ -13,10 +13,15 @@ Every candidate compares the same before/after windows as the symptom (per-inter
   An aggressor equal to the victim is another task of the victim's own cgroup.
 
 Benjamini-Hochberg at ``fdr`` runs across all candidates of an incident; the discoveries are ranked
-by effect size, the log of the smoothed after/before rate ratio. TCP counters are also tested in
-cgroups outside the incident: the probes do not record which cgroup holds the other end of a
-connection, so retransmits that rise at the same time elsewhere are reported as "probably the
-peer" and merge that cgroup's jumps into the incident.
+by effect size, the log of the smoothed after/before rate ratio.
+
+**TCP peers.** The tcpstate probe counts retransmits by the cgroup holding the connection's other
+end where that end is a socket of this host that connected while the probe ran
+(``tcp_retransmits_to_peer{cgroup, victim}``): retransmits towards an incident cgroup (or by one)
+are candidates as such, named with both ends. The rest of a cgroup's retransmits (other end
+unknown: remote, or connected before the probe) are tested in every cgroup: one outside the
+incident whose retransmits rise at the same time is reported as "probably the other end". Either
+merges the retransmitting cgroup's jumps into the incident.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.netsyscall import ERRORS
 from tailsight.probes.runqueue import DISPLACED_WAIT
-from tailsight.probes.tcpstate import RETRANSMIT_FAILURES, RETRANSMITS
+from tailsight.probes.tcpstate import PEER_RETRANSMITS, RETRANSMIT_FAILURES, RETRANSMITS
 
 MIGRATIONS: Final = MIGRATION_KINDS[0]
 CROSS_NODE_MIGRATIONS: Final = MIGRATION_KINDS[1]
@@ -50,6 +55,7 @@ CALLS: Final = "netsyscall_calls"
 COUNTER_CAUSES: Final = {
     RETRANSMITS: "retransmits",
     RETRANSMIT_FAILURES: "retransmit_failures",
+    PEER_RETRANSMITS: "retransmits",
     MIGRATIONS: "migrations",
     CROSS_NODE_MIGRATIONS: "cross_node_migrations",
     ERRORS: "syscall_errors",
@@ -62,6 +68,8 @@ MIN_NEIGHBOUR_CALLS: Final = 10.0
 """Calls per interval below which no neighbour counts as hammering."""
 PEER_COUNTERS: Final = frozenset({RETRANSMITS, RETRANSMIT_FAILURES})
 """Counters tested in every cgroup: a connection's other end may sit in any of them."""
+OTHER_END: Final = "other_end"
+"""Label of a retransmit cause naming the cgroup that holds the connection's other end."""
 MIN_RTO_NS: Final = 200e6  # TCP_RTO_MIN on Linux
 WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
 
@@ -102,12 +110,22 @@ class Cause:
         )
         if self.kind in ("retransmits", "retransmit_failures"):
             what = "TCP retransmissions" if self.kind == "retransmits" else "failed retransmissions"
-            line = f"{symptom + ' waited on ' if symptom else ''}{what} in {where}: {counts}"
+            other_end = self.labels.get(OTHER_END)
+            if other_end is not None:
+                to = "the same cgroup" if other_end == self.cgroup else other_end
+                where = f"by {self.cgroup}'s sockets to {to} (the other end of the connection)"
+            else:
+                where = "in " + where
+            line = f"{symptom + ' waited on ' if symptom else ''}{what} {where}: {counts}"
             if symptom_after_ns >= 0.7 * MIN_RTO_NS:
-                line += (
-                    f"; the new tail ({_ms(symptom_after_ns)} ms) is of the order of a TCP "
-                    "retransmission timeout (200 ms minimum, doubling per retry)"
+                # k lost tries in a row wait 200 + 400 + ... = 200 * (2^k - 1) ms.
+                retries = max(1, round(math.log2(symptom_after_ns / MIN_RTO_NS + 1)))
+                about = (
+                    "one TCP retransmission timeout (200 ms minimum)"
+                    if retries == 1
+                    else f"{retries} TCP retransmission timeouts in a row (200 ms, doubling)"
                 )
+                line += f"; the new tail ({_ms(symptom_after_ns)} ms) is about {about}"
             return line
         if self.kind in ("migrations", "cross_node_migrations"):
             scope = "across NUMA nodes" if self.kind == "cross_node_migrations" else "between CPUs"
@@ -217,8 +235,13 @@ def find_causes(
     )
     calls_floor = max(own_calls, MIN_NEIGHBOUR_CALLS)
     candidates: list[Cause] = []
-    for (name, key), row in table.rows.items():
+    for (name, key), row in _with_known_peers(table.rows).items():
         labels = dict(key)
+        if name == PEER_RETRANSMITS:
+            # Known ends: a candidate when either end is in the incident.
+            if labels.get("cgroup") not in cgroups and labels.get("victim") not in cgroups:
+                continue
+            labels = {"cgroup": labels.get("cgroup", ""), OTHER_END: labels.get("victim", "")}
         before_row, after_row = row[windows.before], row[windows.after]
         if name == DISPLACED_WAIT:
             victim = labels.get("victim", "")
@@ -248,7 +271,8 @@ def find_causes(
         inside = cgroup in cgroups
         if name == CALLS and cgroup in symptoms:
             continue  # a symptom's own traffic is the volume term of its decomposition
-        if not inside and name not in PEER_COUNTERS and name != CALLS:
+        known_end = name == PEER_RETRANSMITS
+        if not inside and not known_end and name not in PEER_COUNTERS and name != CALLS:
             continue
         events_before, events_after = int(before_row.sum()), int(after_row.sum())
         ratio_floor = MIN_CALL_RATIO if name == CALLS else 1.0
@@ -272,7 +296,7 @@ def find_causes(
                 values=tuple(row.tolist()),
                 intervals_before=n_before,
                 intervals_after=n_after,
-                peer=not inside and name != CALLS,
+                peer=not inside and name != CALLS and not known_end,
             )
         )
     if not candidates:
@@ -284,6 +308,26 @@ def find_causes(
     ]
     ranked.sort(key=lambda c: (not c.discovered, -c.effect, c.p_value, c.cgroup))
     return ranked
+
+
+def _with_known_peers(
+    rows: dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]],
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]]:
+    """``rows`` with each cgroup's retransmits less those whose other end is known (counted
+    again, by other end, in the :data:`PEER_RETRANSMITS` rows): no retransmit is a candidate
+    twice, and what stays under ``tcp_retransmits`` has an unknown other end."""
+    known: dict[str, npt.NDArray[np.float64]] = {}
+    for (name, key), row in rows.items():
+        if name == PEER_RETRANSMITS:
+            cgroup = dict(key).get("cgroup", "")
+            known[cgroup] = known.get(cgroup, np.zeros(len(row))) + row
+    if not known:
+        return rows
+    out = dict(rows)
+    for (name, key), row in rows.items():
+        if name == RETRANSMITS and dict(key).get("cgroup", "") in known:
+            out[(name, key)] = np.maximum(row - known[dict(key).get("cgroup", "")], 0.0)
+    return out
 
 
 def _shift_up_p_value(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> float:

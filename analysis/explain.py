@@ -33,7 +33,13 @@ from tailsight.analysis.attribution import (
     displaced_by_rows,
     stack_shifts_rows,
 )
-from tailsight.analysis.causes import COUNTER_CAUSES, Cause, CounterTable, find_causes
+from tailsight.analysis.causes import (
+    COUNTER_CAUSES,
+    OTHER_END,
+    Cause,
+    CounterTable,
+    find_causes,
+)
 from tailsight.analysis.jumps import (
     JumpConfig,
     OfflineResult,
@@ -690,10 +696,13 @@ def _incident(
     # however new; they rank after the rest (a neighbour's calls can still be the root cause).
     mine = jump_cgroups(shown[0])
     waiting = shown[0].labels.get("probe") == "runqueue"
+    # Retransmits with a known other end: those towards the headline's cgroup (the data it
+    # waits for) before those it sent itself (requests whose acknowledgement was lost with them).
     causes.sort(
         key=lambda c: (
             waiting and c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine,
             not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED),
+            c.labels.get(OTHER_END, next(iter(mine), "")) not in mine,
         )
     )
     return Incident(shown, folded, causes, tested, sorted(cgroups))

@@ -35,6 +35,8 @@ QUIET: Final = "quiet"
 """No injection: the victim alone; a right report holds no incident of the victim."""
 CPU: Final = 0
 INTERVAL_S: Final = 0.5
+SETTLE_S: Final = 1.0
+"""Where the workload starts inside the recording: the start-up left out of what is explained."""
 HIGH_PRIORITY: Final = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -19)\n"
 # Sleeps 1 ms, spins 2 ms: waits on the run queue whenever someone else holds its CPU.
 VICTIM_LOOP: Final = (
@@ -180,13 +182,16 @@ def recording(directory: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _nft_drop(port: int, percent: int) -> Iterator[None]:
-    """Drop ``percent`` % of the packets sent from ``port`` (the server's replies)."""
+    """Lose ``percent`` % of the packets sent from ``port`` (the server's replies) on their way
+    in: dropped at the receiver's input hook, after the sender's TCP handed them on as sent, as
+    a lossy network would (a drop at the sender's output hook fails the send instead, so the
+    sender queues the segment again without retransmitting it)."""
     table = f"tailsight_rca_{os.getpid()}_{port}"
     commands = [
         ["nft", "add", "table", "inet", table],
-        ["nft", "add", "chain", "inet", table, "out",
-         "{ type filter hook output priority 0 ; }"],
-        ["nft", "add", "rule", "inet", table, "out", "tcp", "sport", str(port),
+        ["nft", "add", "chain", "inet", table, "in",
+         "{ type filter hook input priority 0 ; }"],
+        ["nft", "add", "rule", "inet", table, "in", "tcp", "sport", str(port),
          "numgen", "random", "mod", "100", "<", str(percent), "drop"],
     ]  # fmt: skip
     try:
@@ -236,42 +241,53 @@ def run_injection(
         ]
     else:
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
-    with Workload(tasks, base=base) as load:
+    with contextlib.ExitStack() as started:
+        if kind == "packet_loss":
+            # Recording first: the probes see the connection established, so they can tell
+            # which cgroup holds its other end (tcp_retransmits_to_peer).
+            started.enter_context(recording(directory))
+            load = started.enter_context(Workload(tasks, base=base))
+        else:
+            load = started.enter_context(Workload(tasks, base=base))
+            started.enter_context(recording(directory))
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
-        with recording(directory):
-            time.sleep(baseline_s)
-            inject_ns = time.time_ns()
-            culprit = victim
-            if kind in ("cpu_hog", "own_cgroup"):
-                group = "hog" if kind == "cpu_hog" else "victim"
-                with Workload([_task(group, HOG_CODE, cpu=CPU)], base=base) as hog:
-                    culprit = hog.cgroup_path(group)
-                    time.sleep(fault_s)
-            elif kind == "packet_loss":
-                culprit = load.cgroup_path("server")
-                with _nft_drop(port, 15):
-                    time.sleep(fault_s)
-            elif kind == "migrations":
-                stop = threading.Event()
-                cpus = [CPU, max(os.sched_getaffinity(0) - {CPU}, default=CPU)]
-                flipper = threading.Thread(
-                    target=_flip_affinity, args=(load.pids("victim"), cpus, stop)
-                )
-                flipper.start()
-                try:
-                    time.sleep(fault_s)
-                finally:
-                    stop.set()
-                    flipper.join()
-            elif kind == QUIET:
+        settled_ns = 0
+        if kind == "packet_loss":
+            time.sleep(SETTLE_S)  # start-up (imports, connect) is not part of the baseline
+            settled_ns = time.time_ns()
+        time.sleep(baseline_s)
+        inject_ns = time.time_ns()
+        culprit = victim
+        if kind in ("cpu_hog", "own_cgroup"):
+            group = "hog" if kind == "cpu_hog" else "victim"
+            with Workload([_task(group, HOG_CODE, cpu=CPU)], base=base) as hog:
+                culprit = hog.cgroup_path(group)
                 time.sleep(fault_s)
-            else:  # neighbour_syscalls
-                # On another CPU: the neighbour must hurt through the socket, not as a CPU hog.
-                other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
-                flood = [_task("neighbour", UNIX_FLOOD, socket_path, cpu=other)]
-                with Workload(flood, base=base) as neighbour:
-                    culprit = neighbour.cgroup_path("neighbour")
-                    time.sleep(fault_s)
+        elif kind == "packet_loss":
+            culprit = load.cgroup_path("server")
+            with _nft_drop(port, 15):
+                time.sleep(fault_s)
+        elif kind == "migrations":
+            stop = threading.Event()
+            cpus = [CPU, max(os.sched_getaffinity(0) - {CPU}, default=CPU)]
+            flipper = threading.Thread(
+                target=_flip_affinity, args=(load.pids("victim"), cpus, stop)
+            )
+            flipper.start()
+            try:
+                time.sleep(fault_s)
+            finally:
+                stop.set()
+                flipper.join()
+        elif kind == QUIET:
+            time.sleep(fault_s)
+        else:  # neighbour_syscalls
+            # On another CPU: the neighbour must hurt through the socket, not as a CPU hog.
+            other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
+            flood = [_task("neighbour", UNIX_FLOOD, socket_path, cpu=other)]
+            with Workload(flood, base=base) as neighbour:
+                culprit = neighbour.cgroup_path("neighbour")
+                time.sleep(fault_s)
     for leftover in Path(socket_path).parent.glob(Path(socket_path).name + "*"):
         leftover.unlink(missing_ok=True)
     expected = {
@@ -287,7 +303,7 @@ def run_injection(
         # The first interval of a recording holds, for the probe attached first, every event
         # since its attach (the other probes compile meanwhile; collector/agent.py dates the
         # interval from the last attach): an outlier that is not part of the workload.
-        documents=Recording(directory).documents()[1:],
+        documents=[d for d in Recording(directory).documents()[1:] if d.start_ns >= settled_ns],
         inject_ns=inject_ns,
         victim=victim,
         culprit=culprit,
@@ -332,5 +348,7 @@ def _matches(cause: object, injection: Injection) -> bool:
             injection.culprit
         )
     if cause.kind.startswith("retransmit"):
-        return True  # either end of the connection retransmits the dropped segments
+        # Either end of the connection retransmits: the server its lost replies, the client its
+        # requests whose acknowledgement was lost with them.
+        return cause.cgroup in (injection.victim, injection.culprit)
     return cause.cgroup == injection.culprit

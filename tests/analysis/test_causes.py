@@ -283,3 +283,42 @@ def test_aggregate_raised_by_a_new_aggressor_folds_into_the_victims_incident() -
     assert incident.headline.labels == {"probe": "runqueue", "cgroup": "/victim"}
     assert incident.causes[0].labels == {"aggressor": "/hogs"}
     assert [j.title() for j in incident.folded] == ["run-queue wait of all cgroups"]
+
+
+def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
+    """The probe tied the retransmits to the connection's other end: /server's retransmits
+    towards /client come first (the data /client waits for), named with both ends and not as
+    "probably"; /client's own retransmits towards /server (acknowledgements lost with the
+    replies) come after; a decoy's retransmits to a third cgroup are no candidate at all."""
+    documents = tcp_documents(seed=4)
+    rng = np.random.default_rng(5)
+    for t, document in enumerate(documents):
+        late = t >= 30
+        server = sum(c.value for c in document.counters if c.labels.get("cgroup") == "/server")
+        client = int(rng.poisson(0.5 if late else 0.01))
+        decoy = int(rng.poisson(3.0 if late else 0.5))
+        document.counters.extend(
+            [
+                _counter("tcp_retransmits_to_peer", "tcpstate", server, cgroup="/server",
+                         victim="/client"),
+                _counter("tcp_retransmits", "tcpstate", client, cgroup="/client"),
+                _counter("tcp_retransmits_to_peer", "tcpstate", client, cgroup="/client",
+                         victim="/server"),
+                _counter("tcp_retransmits", "tcpstate", decoy, cgroup="/decoy"),
+                _counter("tcp_retransmits_to_peer", "tcpstate", decoy, cgroup="/decoy",
+                         victim="/elsewhere"),
+            ]
+        )  # fmt: skip
+    report = explain_documents(documents, config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    causes = report.incidents[0].causes
+    first = causes[0]
+    assert (first.kind, first.cgroup, first.labels, first.peer) == (
+        "retransmits", "/server", {"other_end": "/client"}, False,
+    )  # fmt: skip
+    # Counted once: the raw /server counter holds only retransmits of known other end.
+    assert not [c for c in causes if c.cgroup == "/server" and "other_end" not in c.labels]
+    assert not [c for c in causes if c.cgroup == "/decoy"]
+    words = " ".join(report.render_text().split())
+    assert "by /server's sockets to /client (the other end of the connection)" in words
+    assert "about one TCP retransmission timeout" in words
