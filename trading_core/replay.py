@@ -66,8 +66,9 @@ _LOSS_TABLE: Final = "tailsight_loss"
 _MOLD_HEADER_UDP_LENGTH: Final = 28  # UDP header + MoldUDP64 header: heartbeats and end of session
 _BOOK_UPDATES: Final = frozenset(b"AFECXDU")
 # Order responses applied per turn of the loop before it looks at the feed again: a burst of
-# acks and cancels (framed and applied: ~20 µs each, measured) made the next tick wait.
-_RESPONSE_SLICE: Final = 2
+# acks and cancels (framed and applied: ~20 µs each, measured) made the next tick wait. One per
+# turn: busy polling, 10 runs each (2 Dec), in-system P99 59-79 us against 61-109 us at two.
+_RESPONSE_SLICE: Final = 1
 _SETUP_TIMEOUT_S: Final = 60.0  # a child's answer to "set up" (the XDP compile is the slow part)
 
 
