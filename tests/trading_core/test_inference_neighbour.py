@@ -10,7 +10,11 @@ recorder (``inject.recording`` keeps it off ``inject.CPU``), the exchange and th
 the other CPUs. A first version had the recorder (nice -10, symbolizing the worker's stacks) on
 the trading CPU: in a failing run the worker's load took 38 s instead of ~6 s, the recorder's
 intervals stretched to 8-14 s over the second run, and the trading process's own jump was not
-found (only that of /, as in CI)."""
+found (only that of /, as in CI).
+
+A recording whose trading jump is dated more than an interval before the worker started is
+void (foreign work on the trading CPU: seen once on the shared development machine) and is
+made once more; a pass still needs explain to name the worker first."""
 
 from __future__ import annotations
 
@@ -19,11 +23,12 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tailsight.analysis.explain import explain_documents
+from tailsight.analysis.explain import Report, explain_documents
 from tailsight.analysis.inject import CPU, INTERVAL_S, Injection, recording, score
 from tailsight.collector.store import Recording
 from tailsight.demo import fast_forward_off_hours
@@ -33,6 +38,7 @@ from tailsight.trading_core.replay import (
     Placement,
     ReplayConfig,
     ReplaySystem,
+    TickFile,
     load_ticks,
     speed_for_duration,
 )
@@ -66,22 +72,44 @@ def _run_queue_table(documents: list[HistDocument], start_ns: int) -> str:
     return "\n".join(lines)
 
 
-def test_explain_names_the_inference_worker_on_the_feeds_cpu(
-    kernel_ready: None, tmp_path: Path
-) -> None:
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or CPU not in cpus:
-        pytest.skip(f"kernel: needs two CPUs, CPU {CPU} among them (trading and exchange apart)")
-    others = frozenset(cpus) - {CPU}
-    day = tmp_path / "day.itch"
-    subprocess.run(
-        [str(Path(sys.executable).with_name("tailsight")), "itch", "generate", str(day),
-         "--messages", "20000"],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    ticks = fast_forward_off_hours(load_ticks(day))
-    speed = speed_for_duration(ticks.timestamps_ns, RUN_S)
-    base = private_base("inference-neighbour")
+@dataclass(frozen=True)
+class _Outcome:
+    base: str
+    documents: list[HistDocument]
+    report: Report
+    worker_start_ns: int
+    scoring_start_ns: int
+
+    @property
+    def victim(self) -> str:
+        return f"/{self.base}/trading"
+
+    def disturbed(self) -> bool:
+        """The trading process's run-queue jump dated more than an interval before the worker
+        existed: not the worker's doing, but foreign work on the trading CPU (on a shared
+        machine, another job's). The trading process is idle while the model loads, so its
+        tail is flat from such a disturbance to the scoring and the change is dated at it."""
+        for incident in self.report.incidents:
+            for jump in incident.jumps:
+                if jump.labels == {"cgroup": self.victim, "probe": "runqueue"}:
+                    return jump.change_start_ns < self.worker_start_ns - INTERVAL_S * 1e9
+        return False
+
+    def text(self) -> str:
+        first_ns = self.documents[0].start_ns
+        return (
+            f"{self.report.render_text()}\nworker started at "
+            f"{(self.worker_start_ns - first_ns) / 1e9:.1f} s, scoring from "
+            f"{(self.scoring_start_ns - first_ns) / 1e9:.1f} s\n"
+            f"{_run_queue_table(self.documents, first_ns)}"
+        )
+
+
+def _scenario(directory: Path, ticks: TickFile, speed: float, tag: str) -> _Outcome:
+    """One recording: a run without inference, then one with it (the worker on the trading
+    CPU), and explain's report on it."""
+    others = frozenset(os.sched_getaffinity(0)) - {CPU}
+    base = private_base(tag)
     placement = Placement({"exchange": others, "trading": frozenset({CPU})})
     quiet = ReplayConfig(path="udp", speed=speed, act_share=0.25)
     with_inference = ReplayConfig(
@@ -97,7 +125,7 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
             ReplaySystem(ticks, topo, ["udp"], placement, cgroup_base=base)
         )
         system.start()
-        with recording(tmp_path / "rec"):
+        with recording(directory / "rec"):
             before = system.run(quiet)
             worker_start_ns = time.time_ns()  # the run starts the worker, which loads the model
             after = system.run(with_inference)
@@ -106,14 +134,30 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     assert after.document.find(stage="inference_prefill")
     assert not before.document.find(stage="inference_prefill")
     # The first interval holds the events since the first probe attached (see inject.py).
-    documents = Recording(tmp_path / "rec").documents()[1:]
+    documents = Recording(directory / "rec").documents()[1:]
     report = explain_documents(documents)
-    first_ns = documents[0].start_ns
-    text = (
-        f"{report.render_text()}\nworker started at {(worker_start_ns - first_ns) / 1e9:.1f} s,"
-        f" scoring from {(after.document.start_ns - first_ns) / 1e9:.1f} s\n"
-        f"{_run_queue_table(documents, first_ns)}"
-    )
+    return _Outcome(base, documents, report, worker_start_ns, after.document.start_ns)
+
+
+def test_explain_names_the_inference_worker_on_the_feeds_cpu(
+    kernel_ready: None, tmp_path: Path
+) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or CPU not in cpus:
+        pytest.skip(f"kernel: needs two CPUs, CPU {CPU} among them (trading and exchange apart)")
+    day = tmp_path / "day.itch"
+    subprocess.run(
+        [str(Path(sys.executable).with_name("tailsight")), "itch", "generate", str(day),
+         "--messages", "20000"],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    ticks = fast_forward_off_hours(load_ticks(day))
+    speed = speed_for_duration(ticks.timestamps_ns, RUN_S)
+    outcome = _scenario(tmp_path / "first", ticks, speed, "inference-neighbour")
+    if outcome.disturbed():  # a void experiment (nothing of ours on that CPU): once more
+        print(f"first recording disturbed before the worker started:\n{outcome.text()}")
+        outcome = _scenario(tmp_path / "second", ticks, speed, "inference-neighbour-2")
+    text = outcome.text()
     # It starts twice: loading the model (seconds of CPU on the trading CPU, while the trading
     # process readies the run), then scoring beside the feed once the run goes. The trading's
     # wait is found rising at one of them (which one varies from run to run); that incident's
@@ -121,13 +165,13 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     # same incident (/, whose kernel threads the worker also displaces) have causes of their own.
     results = [
         score(
-            report,
-            Injection("cpu_hog", documents, start_ns, f"/{base}/trading", f"/{base}/inference",
-                      ("displacement",)),
+            outcome.report,
+            Injection("cpu_hog", outcome.documents, start_ns, outcome.victim,
+                      f"/{outcome.base}/inference", ("displacement",)),
             tolerance_s=3 * INTERVAL_S + 0.5,
             own_causes=True,
         )
-        for start_ns in (worker_start_ns, after.document.start_ns)
+        for start_ns in (outcome.worker_start_ns, outcome.scoring_start_ns)
     ]  # fmt: skip
     found = [r for r in results if r.found]
     assert found, text
