@@ -71,6 +71,10 @@ PEER_COUNTERS: Final = frozenset({RETRANSMITS, RETRANSMIT_FAILURES})
 OTHER_END: Final = "other_end"
 """Label of a retransmit cause naming the cgroup that holds the connection's other end."""
 MIN_RTO_NS: Final = 200e6  # TCP_RTO_MIN on Linux
+FORCED_MIGRATIONS: Final = 50.0
+"""Moves per interval (100/s at 0.5 s intervals) from which a rising migration rate reads as
+forced (affinity or cpuset flipping) rather than the scheduler's own balancing."""
+FORCED_MIGRATIONS_RATIO: Final = 5.0
 WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
 
 
@@ -99,6 +103,16 @@ class Cause:
     @property
     def new(self) -> bool:
         return self.total_before == 0 and self.total_after > 0
+
+    @property
+    def forced_migrations(self) -> bool:
+        """Cross-CPU moves at a rate and rise the scheduler does not reach on its own: the
+        moves are the fault, and waits on the CPUs they lead to are their consequence."""
+        return (
+            self.kind == "migrations"
+            and self.after >= FORCED_MIGRATIONS
+            and self.effect >= math.log(FORCED_MIGRATIONS_RATIO)
+        )
 
     def sentence(self, symptom: str = "", symptom_after_ns: float = math.nan) -> str:
         """The mechanism in words."""
@@ -129,9 +143,16 @@ class Cause:
             return line
         if self.kind in ("migrations", "cross_node_migrations"):
             scope = "across NUMA nodes" if self.kind == "cross_node_migrations" else "between CPUs"
+            forced = (
+                ", beyond what the scheduler's own balancing does: most likely forced "
+                "(affinity or cpuset changes); each move a cold cache and a new run queue, "
+                "where it waits behind whoever runs there"
+                if self.forced_migrations
+                else " (each move: a cold cache and a new run queue)"
+            )
             return (
                 f"tasks of {where} were moved {scope} {self.before:.1f} -> {self.after:.1f} "
-                "times per interval (each move: a cold cache and a new run queue)"
+                f"times per interval{forced}"
             )
         if self.kind == "neighbour_calls":
             call = self.labels.get("syscall", "syscalls")

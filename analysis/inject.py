@@ -48,6 +48,7 @@ VICTIM_LOOP: Final = (
 )
 VICTIM_CODE: Final = HIGH_PRIORITY + VICTIM_LOOP
 HOG_CODE: Final = HIGH_PRIORITY + "while True: pass\n"
+BACKGROUND_CODE: Final = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -5)\nwhile True: pass\n"
 TCP_SERVER: Final = (
     "import socket, sys\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -232,12 +233,14 @@ def run_injection(
             _task("victim", UNIX_CLIENT, socket_path, cpu=CPU),
         ]
     elif kind == "migrations":
-        # A steady neighbour spins on the other CPU all along; the victim has CPU 0 to itself
-        # until the flipping starts sending it there every other 2 ms.
+        # A steady neighbour spins on the other CPU all along (at nice -5: three times the
+        # victim's weight, still below the recorder's); the victim has CPU 0 to itself until
+        # the flipping starts sending it there every other 2 ms, where each wake-up waits behind
+        # the spinner: a tail far above what the machine's other load gives it on CPU 0.
         other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
         tasks = [
             _task("victim", VICTIM_LOOP, cpu=CPU),
-            _task("background", "while True: pass\n", cpu=other),
+            _task("background", BACKGROUND_CODE, cpu=other),
         ]
     else:
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
