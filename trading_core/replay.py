@@ -704,7 +704,14 @@ class ReplaySystem:
             _expect(exchange, "ready", _SETUP_TIMEOUT_S, "exchange session start")
             trading.send(("run", session, cfg, capacity))
             try:
-                _expect(trading, "ready", _SETUP_TIMEOUT_S, "trading session start")
+                # With a signal stage, "ready" follows its model's load, which has its own bound
+                # (a load took 38-58 s on a busy VM, 2 Dec).
+                start_timeout_s = _SETUP_TIMEOUT_S
+                if cfg.inference_model is not None:
+                    from tailsight.trading_core.inference.stage import InferenceConfig
+
+                    start_timeout_s += InferenceConfig(model=cfg.inference_model).load_timeout_s
+                _expect(trading, "ready", start_timeout_s, "trading session start")
                 offsets = intended_offsets_ns(ticks.timestamps_ns, cfg.speed)
                 start_wall_ns = time.time_ns()
                 t0_ns = time.perf_counter_ns() + int(cfg.start_delay_ms * 1e6)
