@@ -176,20 +176,20 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     victim_a = victims_a.cgroup_path("victim")
-    mine = [
-        j
-        for j in report["jumps"]
-        if j["series"].get("instance") == instance_a and j["series"].get("cgroup") == victim_a
-    ]
-    assert mine, [j["series"] for j in report["jumps"]]
-    jump = min(mine, key=lambda j: j["change_start_ns"])
-    assert jump["direction"] == "up"
     timeline = [
         (round(d.start_ns / 1e9 - injected, 1), s.hist.count, round(s.hist.quantile(0.99) / 1e3))
         for d in documents
         for s in d.series
         if s.labels.get("cgroup") == victim_a
     ]
+    mine = [
+        j
+        for j in report["jumps"]
+        if j["series"].get("instance") == instance_a and j["series"].get("cgroup") == victim_a
+    ]
+    assert mine, ([j["series"] for j in report["jumps"]], timeline, result.stderr[-2000:])
+    jump = min(mine, key=lambda j: j["change_start_ns"])
+    assert jump["direction"] == "up"
     # Dated from coarse buckets in 1 s steps on a shared 2-core machine: a few steps late at worst.
     late_s = jump["change_start_ns"] / 1e9 - injected
     assert -2 * SCRAPE_S <= late_s <= 6 * SCRAPE_S, (late_s, timeline)
