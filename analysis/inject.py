@@ -49,7 +49,14 @@ VICTIM_LOOP: Final = (
 VICTIM_CODE: Final = HIGH_PRIORITY + VICTIM_LOOP
 HOG_CODE: Final = HIGH_PRIORITY + "while True: pass\n"
 BACKGROUND_CODE: Final = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -5)\nwhile True: pass\n"
-TCP_SERVER: Final = (
+# A socket belongs to the cgroup of the task that created it (an accepted one to its listener's):
+# the TCP ends create theirs only once Workload has moved them into their cgroup (argv[3]).
+IN_MY_CGROUP: Final = (
+    "import sys, time\n"
+    "def mine(line): return line.startswith('0::') and line.strip().endswith('/' + sys.argv[3])\n"
+    "while not any(mine(line) for line in open('/proc/self/cgroup')): time.sleep(0.001)\n"
+)
+TCP_SERVER: Final = IN_MY_CGROUP + (
     "import socket, sys\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
     "s.bind(('127.0.0.1', int(sys.argv[2]))); s.listen(1)\n"
@@ -59,7 +66,7 @@ TCP_SERVER: Final = (
     "    if not data: break\n"
     "    c.sendall(data)\n"
 )
-TCP_CLIENT: Final = (
+TCP_CLIENT: Final = IN_MY_CGROUP + (
     "import socket, sys, time\n"
     "while True:\n"
     "    try:\n"
@@ -226,7 +233,10 @@ def run_injection(
     port = 20_000 + os.getpid() % 20_000
     socket_path = str(directory.parent / f"rca-{os.getpid()}.sock")
     if kind == "packet_loss":
-        tasks = [_task("server", TCP_SERVER, str(port)), _task("client", TCP_CLIENT, str(port))]
+        tasks = [
+            _task("server", TCP_SERVER, str(port), "server"),
+            _task("client", TCP_CLIENT, str(port), "client"),
+        ]
     elif kind == "neighbour_syscalls":
         tasks = [
             _task("server", UNIX_SERVER, socket_path, cpu=CPU),
