@@ -305,6 +305,9 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
                 _counter("tcp_retransmits_to_peer", "tcpstate", client, cgroup="/client",
                          victim="/server"),
                 _counter("tcp_retransmits", "tcpstate", decoy, cgroup="/decoy"),
+                # Another cgroup's call burst at the same time: circumstantial, ranked after.
+                _counter("netsyscall_calls", "netsyscall", 30_000 if late else 10,
+                         cgroup="/busy", syscall="recvfrom"),
                 _counter("tcp_retransmits_to_peer", "tcpstate", decoy, cgroup="/decoy",
                          victim="/elsewhere"),
             ]
@@ -319,6 +322,7 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
     # Counted once: the raw /server counter holds only retransmits of known other end.
     assert not [c for c in causes if c.cgroup == "/server" and "other_end" not in c.labels]
     assert not [c for c in causes if c.cgroup == "/decoy"]
+    assert ("neighbour_calls", "/busy") in [(c.kind, c.cgroup) for c in causes]
     words = " ".join(report.render_text().split())
     assert "by /server's sockets to /client (the other end of the connection)" in words
     assert "about one TCP retransmission timeout" in words
