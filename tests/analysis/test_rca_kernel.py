@@ -23,8 +23,10 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
     if kind == "packet_loss" and shutil.which("nft") is None:
         pytest.skip("kernel: packet loss needs nftables (nft)")
     # Two tries: on this shared 2-core machine one 8 s fault in CI once left no tail jump at all
-    # ("0 incidents"); a fault that is found must then be the top cause, dated right.
-    for attempt in range(2):
+    # ("0 incidents"); a fault that is found must then be the top cause, dated right. Three for
+    # forced migrations, whose jump the machine's other load hides most often (the benchmark
+    # found it in 1 of 4 runs under other sessions' load; docs/analysis.md).
+    for attempt in range(3 if kind == "migrations" else 2):
         injection = run_injection(kind, tmp_path / f"rec{attempt}", baseline_s=8.0, fault_s=8.0)
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         text = report.render_text()
