@@ -700,13 +700,15 @@ def _incident(
     # waits for) before those it sent itself (requests whose acknowledgement was lost with them).
     # A cgroup moved between CPUs at a forced rate waits on the CPUs it is moved to: its
     # displacement there is the consequence, the moves the cause (however large the wait).
-    # Retransmits towards the headline's cgroup over its own connection are direct evidence:
-    # before circumstantial candidates (a neighbour's call burst) of whatever effect size.
+    # Retransmits towards the headline's cgroup over its own connection are direct evidence for
+    # a call's or a connection's time: before circumstantial candidates (a neighbour's call
+    # burst) of whatever effect size. Not for a run-queue wait: there they are a consequence
+    # (a starved receiver acknowledges late; the demo saw 88 beside the hog that caused both).
     forced = {c.cgroup for c in causes if c.forced_migrations}
     causes.sort(
         key=lambda c: (
             waiting and c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine,
-            not (c.kind in LINKED and c.labels.get(OTHER_END) in mine),
+            not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),
             c.kind == "displacement" and c.cgroup in forced,
             not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED),
             c.labels.get(OTHER_END, next(iter(mine), "")) not in mine,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
@@ -93,3 +94,10 @@ def test_record_group_unknown_exit_2_and_known_group_readable(tmp_path: Path) ->
     info = (tmp_path / "rec").stat()
     assert stat.S_IMODE(info.st_mode) == 0o750
     assert info.st_gid == grp.getgrnam("daemon").gr_gid
+
+
+@pytest.mark.kernel
+def test_cgroup_root_that_does_not_exist_is_bad_input(kernel_ready: None) -> None:
+    result = CliRunner().invoke(app, ["serve", "--cgroup-root", "/tailsight-no-such-cgroup"])
+    assert result.exit_code == 2, result.output
+    assert "no cgroup /tailsight-no-such-cgroup under" in " ".join(result.output.split())
