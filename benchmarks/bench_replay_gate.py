@@ -45,6 +45,8 @@ def replay_set(
     command += ["--path", args.path, "--out", str(out)]
     if args.placement:
         command += ["--placement", args.placement]
+    if args.busy_poll:
+        command += ["--busy-poll"]
     if delay_us:
         command += ["--inject-delay-us", f"{delay_us:.1f}"]
     result = tailsight(*command)
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2_000.0, help="messages per second")
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
     parser.add_argument("--placement", default="")
+    parser.add_argument("--busy-poll", action="store_true", help="replay --busy-poll")
     parser.add_argument("--ratio", type=float, default=1.10, help="target in-system P99 ratio")
     parser.add_argument(
         "--delay-us", type=float, default=0.0, help="B's delay (default: sized by a pilot)"

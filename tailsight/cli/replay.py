@@ -99,12 +99,12 @@ def replay(
         str,
         typer.Option(
             help="CPUs per component, e.g. exchange=0,trading=1; auto: exchange on the first "
-            "CPU, trading alone on the last; none: unpinned"
+            "CPU, trading alone on the last; none (default): unpinned"
         ),
-    ] = "auto",
+    ] = "none",
     busy_poll: Annotated[
         bool, typer.Option(help="the trading loop spins on the feed instead of sleeping")
-    ] = True,
+    ] = False,
     inject_delay_us: Annotated[
         float,
         typer.Option(help="calibration only: busy-wait this long before each order is sent"),
