@@ -24,8 +24,8 @@ likelihood is a quasi-likelihood divided by a dispersion factor ``phi >= 1`` est
 **Offline** (:func:`detect_offline`, a whole range): threshold at the pooled q-quantile,
 ``S_k = sum_{t<k} (x_t - n_t p)``; under no change ``max_k |S_k| / sqrt(phi p (1-p) N)`` tends to
 the supremum of a Brownian bridge (Kolmogorov distribution, ``scipy.stats.kstwobign``), which gives
-a p-value; ``phi`` comes from successive differences of the standardized counts (a single level
-shift barely inflates it). The change is dated at ``argmax |S_k|``. Across many (cgroup, probe,
+a p-value; ``phi`` comes from successive intervals, each pair judged at its own rate (a change
+of rate barely inflates it). The change is dated at ``argmax |S_k|``. Across many (cgroup, probe,
 quantile) series, :func:`detect_many` controls the false discovery rate with Benjamini-Hochberg.
 
 **Confirmation**: a chi-square test of homogeneity on the before/after 5 µs histograms (adjacent
@@ -111,7 +111,10 @@ class TailThreshold:
         above = total - np.cumsum(counts)  # events above the upper bound of each dense bucket
         target = (1.0 - quantile) * total
         first = int(np.searchsorted(np.cumsum(counts), quantile * total, side="left"))
-        candidates = [j for j in (first - 1, first) if 0 <= j < NUM_BUCKETS and above[j] > 0]
+        # Above ``j`` must hold some but not all events: a series in one bucket has no tail.
+        candidates = [
+            j for j in (first - 1, first) if 0 <= j < NUM_BUCKETS and 0 < above[j] < total
+        ]
         if not candidates:
             return None
         edge = min(candidates, key=lambda j: abs(math.log(float(above[j]) / target)))
@@ -212,15 +215,29 @@ def pearson_dispersion(
     return max(1.0, chi2 / float(chi2_distribution.ppf(lower_quantile, df)))
 
 
-def difference_dispersion(exceed: npt.ArrayLike, total: npt.ArrayLike, rate: float) -> float:
-    """Von Neumann estimate from successive differences of standardized counts, floored at 1."""
+def difference_dispersion(exceed: npt.ArrayLike, total: npt.ArrayLike) -> float:
+    """Dispersion from successive intervals, each pair judged at its own rate, floored at 1.
+
+    For neighbours ``(x1, n1), (x2, n2)`` holding ``s = x1 + x2`` tail events, the squared rate
+    difference over its binomial variance at the pair's rate ``s / (n1 + n2)`` has expectation
+    ``N / (N - 1) ~ 1`` given ``s`` when both share one rate. Judging each pair at its own rate
+    keeps a change of rate -- and of the variance that comes with it -- out of the estimate:
+    standardizing by the pooled rate inflated it by about the after/before rate ratio, which hid
+    a x800 run-queue jump. Pairs with no tail event, or nothing else, carry no information.
+    """
     x = np.asarray(exceed, dtype=np.float64)
     n = np.asarray(total, dtype=np.float64)
     used = n > 0
-    if used.sum() < 3 or not 0.0 < rate < 1.0:
+    x, n = x[used], n[used]
+    x1, x2, n1, n2 = x[:-1], x[1:], n[:-1], n[1:]
+    s, both = x1 + x2, n1 + n2
+    informative = (s > 0) & (s < both)
+    if informative.sum() < 2:
         return 1.0
-    z = (x[used] - n[used] * rate) / np.sqrt(n[used] * rate * (1.0 - rate))
-    return max(1.0, float(np.sum(np.diff(z) ** 2)) / (2.0 * (z.size - 1)))
+    x1, x2, n1, n2, s, both = (a[informative] for a in (x1, x2, n1, n2, s, both))
+    rate = s / both
+    variance = rate * (1.0 - rate) * (1.0 / n1 + 1.0 / n2) * both / (both - 1.0)
+    return max(1.0, float(np.mean((x1 / n1 - x2 / n2) ** 2 / variance)))
 
 
 def homogeneity_test(
@@ -520,7 +537,9 @@ def locate_change(
         return no_change(series, q)
     events = float(total.sum())
     rate = float(exceed.sum()) / events
-    dispersion = difference_dispersion(exceed, total, rate)
+    if not 0.0 < rate < 1.0:
+        return no_change(series, q)
+    dispersion = difference_dispersion(exceed, total)
     partial = np.cumsum(exceed - total * rate)[:-1]  # S_k for a split before interval k+1
     k = int(np.argmax(np.abs(partial)))
     scale = math.sqrt(dispersion * rate * (1.0 - rate) * events)

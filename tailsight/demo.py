@@ -497,16 +497,17 @@ def tell(
     from tailsight.collector.store import Recording
 
     assert scene.inject_ns is not None
-    documents = Recording(record_dir).documents()
-    say(f"tailsight explain: {len(documents)} intervals of {INTERVAL_S} s")
-    report = explain_documents(documents)
-    console.print(report.render_text(), markup=False, end="")
+    # The recording is kept first: whatever explain does, the user can run it again.
     out.mkdir(parents=True, exist_ok=True)
-    html = out / "report.html"
-    write_report(html, render_html(report, documents, title="tailsight demo: explain"))
     kept = out / "recording"
     shutil.rmtree(kept, ignore_errors=True)
     shutil.move(record_dir, kept)
+    documents = Recording(kept).documents()
+    say(f"tailsight explain: {len(documents)} intervals of {INTERVAL_S} s")
+    report = explain_documents(documents)
+    console.print(report.render_text(), markup=False, end="")
+    html = out / "report.html"
+    write_report(html, render_html(report, documents, title="tailsight demo: explain"))
     truth = Injection(
         "cpu_hog", documents, scene.inject_ns, scene.victim, scene.aggressor, ("displacement",)
     )

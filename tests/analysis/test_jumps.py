@@ -83,6 +83,32 @@ def test_offline_detection_dates_the_jump_and_measures_both_sides(seed: int) -> 
     assert result.confirmed
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_offline_detection_sees_a_tail_jump_that_comes_with_fewer_events(seed: int) -> None:
+    # A starved process: 8x fewer wake-ups, each waiting 30x longer, burstier than before. The
+    # pooled threshold then sits in the after side's far tail, where a dispersion standardized by
+    # the pooled rate came out ~25 and the p-value ~1e-5 (the demo's x860 jump at p=0.04).
+    rng = np.random.default_rng([25, seed])
+    quiet = IntervalNoise(scale_sigma=0.05, events_per_interval=400)
+    starved = IntervalNoise(scale_sigma=0.3, events_per_interval=50)
+    counts = np.concatenate(
+        [
+            simulate_intervals(MODEL, 40, rng, noise=quiet),
+            simulate_intervals(MODEL.scaled(30.0), 40, rng, noise=starved),
+        ]
+    )
+    result = detect_offline(counts)
+    assert result.p_value < 1e-12
+    assert result.change_index == 40 and result.direction == "up" and result.confirmed
+
+
+def test_series_in_one_bucket_has_no_tail_to_test() -> None:
+    counts = np.zeros((5, NUM_BUCKETS + 1), dtype=np.int64)
+    counts[:, 7] = 30  # every event in one bucket: no edge leaves some but not all above it
+    assert TailThreshold.from_counts(counts.sum(axis=0), 0.999) is None
+    assert detect_offline(counts, JumpConfig(quantile=0.999)).change_index is None
+
+
 def test_p999_detector_sees_a_p999_jump() -> None:
     counts = _changed(0, ratio=1.5, q=0.999, intervals=200)
     config = JumpConfig(quantile=0.999)
