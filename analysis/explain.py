@@ -687,8 +687,18 @@ def _incident(
     explaining = leaf_cgroups.union(*(_linked(c) for c in causes if c.cgroup in leaf_cgroups))
     folded = [j for j in chosen if j.aggregate and _explained_by(j, explaining)]
     shown = [j for j in chosen if j not in folded]
-    # Headline: the series that moved most (a leaf before an aggregate).
-    shown.sort(key=lambda j: (j.aggregate, -abs(math.log(_safe_ratio(j))), j.p_value, j.series))
+    # Headline: a leaf before an aggregate; a run-queue wait mostly displaced by a newcomer (the
+    # hog's victim, not the tasks that then crowded onto the other CPUs, which may have moved
+    # more); then the series that moved most.
+    shown.sort(
+        key=lambda j: (
+            j.aggregate,
+            not _displaced_by_newcomer(j),
+            -abs(math.log(_safe_ratio(j))),
+            j.p_value,
+            j.series,
+        )
+    )
     # The headline's own causes first: a cause of another cgroup of the incident (the run-queue
     # of / displaced by the same hog) is context, not the answer to "why did this rise?".
     # A run-queue wait is time spent waiting for CPUs: the waiting cgroup's own failing calls
@@ -715,6 +725,13 @@ def _incident(
         )
     )
     return Incident(shown, folded, causes, tested, sorted(cgroups))
+
+
+def _displaced_by_newcomer(jump: JumpExplanation) -> bool:
+    """Most of this run-queue wait's rise was displaced by an aggressor new since the change."""
+    return jump.displacement is not None and any(
+        a.new and a.share.value >= MAJORITY for a in jump.displacement.aggressors
+    )
 
 
 def _explain_one(

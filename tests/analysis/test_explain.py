@@ -291,3 +291,43 @@ def test_shares_stay_in_range_and_falls_are_said_in_units() -> None:
     assert "displaced by /hog (new)" in words
     assert "less time went to an idle CPU (nobody) (-" in words
     assert "Likely cause: /victim waited for CPUs held by /hog, new since the change" in words
+
+
+def test_headline_is_the_newcomers_victim_not_the_tasks_it_crowded() -> None:
+    # A hog (/noisy, new) takes /trading's CPU; /crowd, pushed onto the other CPU, now waits on
+    # /exchange there and moves more (x10 against x3). One incident: its headline and first cause
+    # are /trading displaced by /noisy.
+    rng = np.random.default_rng(7)
+    base = LatencyModel()
+    slower = {
+        "/trading": base.with_component(0.05, 400_000.0, 0.3),
+        "/crowd": base.with_component(0.05, 4_000_000.0, 0.3),
+    }
+    shares = {  # displaced wait (ms per interval) of each victim by each aggressor, after
+        "/trading": {"/noisy": 200.0, "/exchange": 2.0},
+        "/crowd": {"/noisy": 5.0, "/exchange": 400.0},
+    }
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series, counters = [], []
+        for victim, after in slower.items():
+            model = after if late else base
+            series.append(Series({"probe": "runqueue", "cgroup": victim}, _hist(model, rng, 3000)))
+            for aggressor, after_ms in shares[victim].items():
+                before_ms = 0.0 if aggressor == "/noisy" else 2.0
+                mean_ns = (after_ms if late else before_ms) * 1e6
+                labels = {"probe": "runqueue", "victim": victim, "aggressor": aggressor}
+                wait = int(rng.gamma(8.0, mean_ns / 8)) if mean_ns else 0
+                switches = int(rng.poisson(50)) if mean_ns else 0
+                counters.append(Counter("runqueue_displaced_wait_ns", labels, wait))
+                counters.append(Counter("runqueue_displaced_switches", labels, switches))
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=ExplainConfig(n_boot=100))
+    assert len(report.incidents) == 1, [i.headline.series for i in report.incidents]
+    incident = report.incidents[0]
+    assert {j.labels.get("cgroup") for j in incident.jumps} >= {"/trading", "/crowd"}
+    assert incident.headline.labels["cgroup"] == "/trading"
+    first = incident.causes[0]
+    assert first.cgroup == "/trading" and first.labels.get("aggressor") == "/noisy"
