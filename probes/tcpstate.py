@@ -18,12 +18,12 @@ import socket
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
 
+from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
 from tailsight.hist import NUM_BUCKETS
 from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
 from tailsight.probes.bccprobe import (
@@ -35,7 +35,6 @@ from tailsight.probes.bccprobe import (
     sync_cgroup_allow,
 )
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
-from tailsight.probes.features import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
 
 PROBE_NAME: Final = "tcpstate"
@@ -307,14 +306,6 @@ def _set_config(bpf: Any, slot: int, value: int) -> None:
     table[ctypes.c_int(slot)] = ctypes.c_uint32(value)
 
 
-def own_cgroup_id(mounts_path: Path = DEFAULT_MOUNTS_PATH) -> int:
-    """Inode of this process's cgroup v2 directory (= the id the kernel gives its sockets)."""
-    for line in Path("/proc/self/cgroup").read_text(encoding="utf-8").splitlines():
-        if line.startswith("0::"):
-            return (find_cgroup2_mount(mounts_path) / line[3:].lstrip("/")).stat().st_ino
-    raise OffsetCheckError("/proc/self/cgroup has no cgroup v2 ('0::') line")
-
-
 def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 2.0) -> None:
     """Connect on loopback from this process and compare what the probe read with the truth.
 
@@ -339,7 +330,10 @@ def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 
         accepted, _ = listener.accept()
         accepted.close()
         record = bpf[b"tcpstate_selfcheck_record"][ctypes.c_int(0)]
-        expected_cgroup = own_cgroup_id()
+        try:
+            expected_cgroup = own_cgroup_id()
+        except NoCgroupV2Error as error:
+            raise OffsetCheckError(str(error)) from None
         where = ", ".join(f"{macro}={offsets.get(macro)}" for macro in SOCK_FIELDS)
         if record.hits == 0:
             raise OffsetCheckError(

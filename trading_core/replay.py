@@ -596,7 +596,7 @@ class ReplaySystem:
         cgroup_base: str | None = None,
         cgroup_mount: Path | None = None,
     ) -> None:
-        from tailsight.probes.features import find_cgroup2_mount
+        from tailsight.collector.cgroups import find_cgroup2_mount
 
         self.ticks = ticks
         self.topo = topo

@@ -129,12 +129,9 @@ class BoundedSignalHook(SignalHook):
 def sibling_cgroup(name: str = "inference") -> Path:
     """``name`` beside the calling process's own cgroup (created): a component that places
     the stage next to itself, e.g. ``…/trading`` → ``…/inference``."""
-    from tailsight.probes.features import find_cgroup2_mount
+    from tailsight.collector.cgroups import find_cgroup2_mount, own_cgroup_path
 
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    own = next(line[3:] for line in lines if line.startswith("0::"))  # the cgroup v2 line
-    directory = find_cgroup2_mount() / own.strip("/")
-    directory = directory.parent / name
+    directory = (find_cgroup2_mount() / own_cgroup_path().strip("/")).parent / name
     directory.mkdir(exist_ok=True)
     return directory
 
