@@ -20,6 +20,7 @@ from tailsight.analysis.report_html import render_html
 # ("0 incidents"); on 2 vCPUs the moves often cost it little.
 CI_KINDS = tuple(kind for kind in KINDS if kind != "migrations")
 
+
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", CI_KINDS)
