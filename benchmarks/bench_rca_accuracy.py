@@ -10,6 +10,7 @@ the full run (20 injections + quiet runs, about 15 minutes) never holds it for l
 
     python benchmarks/bench_rca_accuracy.py            # 4 per kind + 5 quiet runs of 30 s
     python benchmarks/bench_rca_accuracy.py --quick    # 1 per kind + 1 quiet run of 16 s
+    python benchmarks/bench_rca_accuracy.py --per-kind 0 --quiet-runs 10 --quiet-s 120
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tailsight.analysis.eval import Rate
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
 from tailsight.analysis.inject import KINDS, QUIET, Injection, Score, run_injection, score
 
@@ -68,8 +70,9 @@ def one(kind: str, baseline_s: float, fault_s: float) -> tuple[Score, bool, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one injection per kind")
-    parser.add_argument("--per-kind", type=int, default=4)
+    parser.add_argument("--per-kind", type=int, default=4, help="0: the quiet runs only")
     parser.add_argument("--quiet-runs", type=int, default=5)
+    parser.add_argument("--quiet-s", type=float, default=30.0, help="length of a quiet recording")
     args = parser.parse_args()
     per_kind = 1 if args.quick else args.per_kind
     quiet_runs = 1 if args.quick else args.quiet_runs
@@ -85,6 +88,27 @@ def main() -> None:
                 f"top3={s.top3!s:<5} dt={s.time_error_s:+.2f}s  named: {s.named}",
                 flush=True,
             )
+    if per_kind:
+        table(results, per_kind, baseline_s, fault_s)
+    quiet_s = 16.0 if args.quick else args.quiet_s
+    clean = any_incident = 0
+    for n in range(quiet_runs):
+        s, _, _, headline = one(QUIET, quiet_s / 2, quiet_s / 2)
+        clean += not s.found
+        any_incident += headline != "(no incident)"
+        print(f"  quiet [{n + 1}/{quiet_runs}] incident of the victim: {s.found}; first "
+              f"headline: {headline}", flush=True)  # fmt: skip
+    print(f"quiet recordings ({quiet_runs} x {quiet_s:.0f} s, victim alone), Wilson 95 %: no "
+          f"incident of the victim {Rate(clean, quiet_runs)}; no incident at all (machine's other "
+          f"load included) {Rate(quiet_runs - any_incident, quiet_runs)}")  # fmt: skip
+
+
+def table(
+    results: dict[str, list[tuple[Score, bool, float, str]]],
+    per_kind: int,
+    baseline_s: float,
+    fault_s: float,
+) -> None:
     print(f"\nroot-cause accuracy ({per_kind} injection(s) per kind, {baseline_s:.0f} s baseline "
           f"+ {fault_s:.0f} s fault, 0.5 s intervals, all probes)")  # fmt: skip
     print(f"  {'kind':<19} {'n':>3} {'found':>6} {'top-1':>6} {'top-3':>6} "
@@ -107,17 +131,6 @@ def main() -> None:
     print(f"  {'all':<19} {n:>3} {found:>6} {top1:>6} {top3:>6} {'':>12} {base:>15}")
     print(f"  top-1 {top1 / n:.0%}, top-3 {top3 / n:.0%}; same-run baseline (run-queue aggressor "
           f"only) top-1 {base / n:.0%}; ratio {top1 / max(base, 1):.1f}x")  # fmt: skip
-    quiet_s = 16.0 if args.quick else 30.0
-    clean = any_incident = 0
-    for n in range(quiet_runs):
-        s, _, _, headline = one(QUIET, quiet_s / 2, quiet_s / 2)
-        clean += not s.found
-        any_incident += headline != "(no incident)"
-        print(f"  quiet [{n + 1}/{quiet_runs}] incident of the victim: {s.found}; first "
-              f"headline: {headline}", flush=True)  # fmt: skip
-    print(f"quiet recordings ({quiet_runs} x {quiet_s:.0f} s, victim alone): no incident of the "
-          f"victim in {clean}/{quiet_runs}; no incident at all (machine's other load included) "
-          f"in {quiet_runs - any_incident}/{quiet_runs}")  # fmt: skip
 
 
 if __name__ == "__main__":
