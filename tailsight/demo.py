@@ -34,6 +34,7 @@ from tailsight import dashboards
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
 from tailsight.trading_core.replay import TickFile
+from tailsight.workload import stop_process
 
 REPLAY_S: Final = 40.0
 INTERVAL_S: Final = 0.5  # the agent's; the live view refreshes every other interval
@@ -158,12 +159,7 @@ def running_agent(record_dir: Path, scene: Scene, log_path: Path) -> Iterator[st
         yield f"http://127.0.0.1:{LISTEN_PORT}/metrics"
     finally:
         if agent.poll() is None:
-            agent.terminate()
-            try:
-                agent.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            stop_process(agent, 20)
 
 
 class DemoError(RuntimeError):

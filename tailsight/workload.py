@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from tailsight.collector.cgroups import directory_id, find_cgroup2_mount
 
@@ -52,6 +52,16 @@ def python_task(group: str, code: str, cpu: int | None = None, pipes: bool = Fal
     """A Python snippet as a task that dies with its parent."""
     argv = (sys.executable, "-S", "-c", _DIE_WITH_PARENT + code, str(os.getpid()))
     return Task(group, argv, cpu, pipes)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def private_base(tag: str) -> str:

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from tailsight.analysis.inject import HOG_CODE, VICTIM_CODE, VICTIM_LOOP
 from tailsight.analysis.promsource import PrometheusSource, read_documents
 from tailsight.cli.main import app
-from tailsight.workload import Workload, private_base, python_task
+from tailsight.workload import Workload, private_base, python_task, stop_process
 from tests.prometheus_server import PROMETHEUS, Prometheus, prometheus_scraping
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -94,12 +94,7 @@ def agent(namespace: str, address: str, subtree: str) -> Iterator[subprocess.Pop
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
         if proc.stderr is not None:
             proc.stderr.close()
 
