@@ -95,43 +95,43 @@ def delete_where(table: Any, doomed: Callable[[Any], bool]) -> None:
             continue
 
 
-STEER_RUN: Final = 8
-"""Free slots the claim hint should have ahead of it (new cgroups in one interval)."""
+SLOT_CLAIM_TRIES: Final = 16
+"""Slots the kernel tries from the hint for one new key (SLOT_CLAIM_TRIES in slots.bpf.h)."""
+STEER_RUN: Final = 32
+"""New keys the claim hint should be able to take before the next read (a burst of new cgroups:
+a churn of 11 cgroups x 2 syscalls in one interval once lost a whole series with 8)."""
 
 
 def steer_slot_hint(bpf: Any, prefix: str, used: Iterable[int], first: int, limit: int) -> None:
-    """Keep the kernel's claim hint at the start of a run of free slots. The kernel walks only
-    SLOT_CLAIM_TRIES slots up from the hint (slots.bpf.h): after slots are given back in the
-    middle, a hint left on used slots would drop every new cgroup until the next read. The
-    hint stays if the STEER_RUN slots from it are free, else moves to the lowest such run
-    (or the longest free run there is)."""
+    """Keep the kernel's claim hint where its claims succeed. A claim walks SLOT_CLAIM_TRIES
+    slots up from the hint (slots.bpf.h) and leaves the hint after the slot it took: after slots
+    are given back in the middle, a hint before a long stretch of used slots would drop every
+    new key until the next read. The hint stays if STEER_RUN claims in a row from it succeed
+    (or as many as from any slot), else moves to the lowest free slot from which they do."""
     hint = bpf[f"{prefix}_slot_hint".encode()]
     zero = hint.Key(0)
-    taken = set(used)
-    current = int(hint[zero].value)
-    if first <= current < limit and _free_run(current, taken, limit) >= min(
-        STEER_RUN, limit - current
-    ):
+    claims = claim_runs(set(used), first, limit)
+    free = [slot for slot in range(first, limit) if claims[slot - first] and slot not in used]
+    if not free:
         return
-    best, best_length, slot = None, 0, first
-    while slot < limit:
-        length = _free_run(slot, taken, limit)
-        if length >= STEER_RUN:
-            best = slot
-            break
-        if length > best_length:
-            best, best_length = slot, length
-        slot += length + 1
-    if best is not None:
-        hint[zero] = hint.Leaf(best)
+    want = min(STEER_RUN, max(claims[slot - first] for slot in free))
+    current = max(int(hint[zero].value), first)
+    if current < limit and claims[current - first] >= want:
+        return
+    hint[zero] = hint.Leaf(next(slot for slot in free if claims[slot - first] >= want))
 
 
-def _free_run(slot: int, taken: set[int], limit: int) -> int:
-    """Free slots from ``slot`` on, up to STEER_RUN."""
-    length = 0
-    while slot + length < limit and slot + length not in taken and length < STEER_RUN:
-        length += 1
-    return length
+def claim_runs(taken: set[int], first: int, limit: int) -> list[int]:
+    """For each hint in [first, limit): how many new keys in a row the kernel's claims from it
+    would place before one finds no free slot (capped at STEER_RUN)."""
+    runs = [0] * (limit - first + 1)
+    next_free = None
+    for slot in range(limit - 1, first - 1, -1):
+        if slot not in taken:
+            next_free = slot
+        if next_free is not None and next_free - slot < SLOT_CLAIM_TRIES:
+            runs[slot - first] = min(STEER_RUN, 1 + runs[next_free + 1 - first])
+    return runs[:-1]
 
 
 def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
