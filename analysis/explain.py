@@ -64,6 +64,7 @@ MIN_SPLIT_EVENTS: Final = 20
 LINKED: Final = frozenset({"retransmits", "retransmit_failures"})
 """Causes at either end of a connection: they concern every symptom of the incident."""
 MAJORITY: Final = 0.5
+NEWCOMER_GROWTH: Final = 10.0
 """An aggregate is explained by one cgroup that holds at least this share of its rise."""
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
 PROBE_WORDS: Final = {
@@ -728,9 +729,12 @@ def _incident(
 
 
 def _displaced_by_newcomer(jump: JumpExplanation) -> bool:
-    """Most of this run-queue wait's rise was displaced by an aggressor new since the change."""
+    """Most of this run-queue wait's rise was displaced by an aggressor that arrived with the
+    change: new, or displacing it NEWCOMER_GROWTH times more than before (the change is dated at
+    an interval's start, so a hog that started inside the interval before shows a little)."""
     return jump.displacement is not None and any(
-        a.new and a.share.value >= MAJORITY for a in jump.displacement.aggressors
+        a.share.value >= MAJORITY and a.wait_after_ns >= NEWCOMER_GROWTH * a.wait_before_ns
+        for a in jump.displacement.aggressors
     )
 
 

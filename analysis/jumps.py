@@ -28,8 +28,9 @@ a p-value; ``phi`` comes from successive intervals, each pair judged at its own 
 of rate barely inflates it). The change is dated at ``argmax |S_k|``. Across many (cgroup, probe,
 quantile) series, :func:`detect_many` controls the false discovery rate with Benjamini-Hochberg.
 
-**Confirmation**: a chi-square test of homogeneity on the before/after 5 µs histograms (adjacent
-buckets merged until every cell expects at least 5 events, statistic divided by ``phi``), plus an
+**Confirmation**: a chi-square test of homogeneity on the before/after 5 µs histograms (cells at
+fixed quantiles of the pooled histogram, merged until every cell expects at least 5 events,
+statistic divided by ``phi``), plus an
 effect bound: confirmed when ``p < confirm_alpha`` and the q-quantile moved by more than
 ``max(min_effect, min_effect_ns / before)``.
 
@@ -43,7 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -240,23 +241,35 @@ def difference_dispersion(exceed: npt.ArrayLike, total: npt.ArrayLike) -> float:
     return max(1.0, float(np.mean((x1 / n1 - x2 / n2) ** 2 / variance)))
 
 
+CELL_QUANTILES: Final = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
+"""Cell edges of the homogeneity test, as quantiles of the pooled histogram."""
+
+
 def homogeneity_test(
     before: npt.NDArray[np.int64], after: npt.NDArray[np.int64], dispersion: float = 1.0
 ) -> float:
-    """p-value that two dense histograms share one distribution (binned chi-square / dispersion)."""
+    """p-value that two dense histograms share one distribution (binned chi-square / dispersion).
+
+    Cells end at fixed quantiles of the pooled histogram (CELL_QUANTILES, finer in the tail),
+    merged until each expects at least 5 events, so the degrees of freedom do not grow with the
+    bucket count: over one cell per populated 5 µs bucket (180 cells), a statistic divided by a
+    bursty tail's dispersion (26) left a x5 P99 jump unconfirmed (p = 0.017; now 3e-44)."""
     from scipy.stats import chi2
 
     total_before, total_after = int(before.sum()), int(after.sum())
     if total_before == 0 or total_after == 0:
         return 1.0
     pooled = before + after
+    cumulative = np.cumsum(pooled) / float(pooled.sum())
+    ends = sorted({int(np.searchsorted(cumulative, q)) for q in CELL_QUANTILES} | {pooled.size - 1})
     share = min(total_before, total_after) / (total_before + total_after)
     cells_before: list[int] = []
     cells_after: list[int] = []
-    acc_before = acc_after = 0
-    for index in np.flatnonzero(pooled):
-        acc_before += int(before[index])
-        acc_after += int(after[index])
+    acc_before = acc_after = start = 0
+    for end in ends:
+        acc_before += int(before[start : end + 1].sum())
+        acc_after += int(after[start : end + 1].sum())
+        start = end + 1
         if (acc_before + acc_after) * share >= _MIN_EXPECTED:
             cells_before.append(acc_before)
             cells_after.append(acc_after)

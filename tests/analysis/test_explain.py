@@ -303,9 +303,9 @@ def test_headline_is_the_newcomers_victim_not_the_tasks_it_crowded() -> None:
         "/trading": base.with_component(0.05, 400_000.0, 0.3),
         "/crowd": base.with_component(0.05, 4_000_000.0, 0.3),
     }
-    shares = {  # displaced wait (ms per interval) of each victim by each aggressor, after
-        "/trading": {"/noisy": 200.0, "/exchange": 2.0},
-        "/crowd": {"/noisy": 5.0, "/exchange": 400.0},
+    waits = {  # displaced wait (ms per interval) of each victim by each aggressor: before, after
+        "/trading": {"/noisy": (1.0, 200.0), "/exchange": (2.0, 2.0)},
+        "/crowd": {"/noisy": (1.0, 5.0), "/exchange": (100.0, 400.0)},  # as in the demo
     }
     documents = []
     for t in range(60):
@@ -314,12 +314,12 @@ def test_headline_is_the_newcomers_victim_not_the_tasks_it_crowded() -> None:
         for victim, after in slower.items():
             model = after if late else base
             series.append(Series({"probe": "runqueue", "cgroup": victim}, _hist(model, rng, 3000)))
-            for aggressor, after_ms in shares[victim].items():
-                before_ms = 0.0 if aggressor == "/noisy" else 2.0
+            # The hog shows a little before the change: it started inside that interval.
+            for aggressor, (before_ms, after_ms) in waits[victim].items():
                 mean_ns = (after_ms if late else before_ms) * 1e6
                 labels = {"probe": "runqueue", "victim": victim, "aggressor": aggressor}
-                wait = int(rng.gamma(8.0, mean_ns / 8)) if mean_ns else 0
-                switches = int(rng.poisson(50)) if mean_ns else 0
+                wait = int(rng.gamma(8.0, mean_ns / 8))
+                switches = int(rng.poisson(50))
                 counters.append(Counter("runqueue_displaced_wait_ns", labels, wait))
                 counters.append(Counter("runqueue_displaced_switches", labels, switches))
         start = START_NS + t * INTERVAL_NS

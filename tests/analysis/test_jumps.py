@@ -21,6 +21,7 @@ from tailsight.analysis.jumps import (
     binomial_llr,
     detect_documents,
     detect_offline,
+    homogeneity_test,
     monitor,
     monitor_documents,
 )
@@ -100,6 +101,27 @@ def test_offline_detection_sees_a_tail_jump_that_comes_with_fewer_events(seed: i
     result = detect_offline(counts)
     assert result.p_value < 1e-12
     assert result.change_index == 40 and result.direction == "up" and result.confirmed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_homogeneity_test_confirms_a_tail_shift_under_a_large_dispersion(seed: int) -> None:
+    # P99 x5 on 20,000 / 8,000 events, burstier than binomial (dispersion 10): over one cell per
+    # populated 5 µs bucket (~100 cells) the divided statistic gave p > 0.5; at fixed pooled
+    # quantiles the tail shift is a few cells' worth and stays visible.
+    rng = np.random.default_rng([26, seed])
+    before = MODEL.sample_counts(rng, 20_000)
+    after = MODEL.with_tail_ratio(5.0).sample_counts(rng, 8_000)
+    assert homogeneity_test(before, after, dispersion=10.0) < 0.01
+
+
+def test_homogeneity_test_rejects_at_most_nominal_under_no_change() -> None:
+    trials, level = 300, 0.05
+    rejected = 0
+    for seed in range(trials):
+        rng = np.random.default_rng([27, seed])
+        before, after = MODEL.sample_counts(rng, 5_000), MODEL.sample_counts(rng, 2_000)
+        rejected += homogeneity_test(before, after) < level
+    assert rejected / trials <= level + 3 * math.sqrt(level * (1 - level) / trials)
 
 
 def test_series_in_one_bucket_has_no_tail_to_test() -> None:
