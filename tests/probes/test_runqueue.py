@@ -154,7 +154,11 @@ def test_sleeping_task_has_no_bogus_latency(probe: RunQueueProbe) -> None:
     hist = _wait(after - before, cgroup_id)
     run_delay_ns = stat_after[0] - stat_before[0]
     timeslices = stat_after[1] - stat_before[1]
-    assert SLEEPS <= hist.count <= timeslices <= hist.count + 2
+    # The kernel's own count of the task's runs is the truth the probe must match. Not every
+    # 1 ms sleep blocks: a timer that fires before the task schedules out returns at once
+    # (do_nanosleep), so under load a few sleeps cost no wait (CI, 2 Dec: 94 waits of 97 sleeps).
+    assert hist.count <= timeslices <= hist.count + 2
+    assert hist.count >= SLEEPS * 0.9
     # A wakeup onto an idle CPU: schedstat's run_delay omits the idle exit (__schedule skips the
     # rq clock update after wakeup_preempt), the probe includes it: up to IDLE_EXIT_NS per wait.
     # A stamp that survived a 1 ms sleep would add >= 1 ms per wait (~97 ms in all).
