@@ -64,8 +64,9 @@ MIN_SPLIT_EVENTS: Final = 20
 LINKED: Final = frozenset({"retransmits", "retransmit_failures"})
 """Causes at either end of a connection: they concern every symptom of the incident."""
 MAJORITY: Final = 0.5
-NEWCOMER_GROWTH: Final = 10.0
 """An aggregate is explained by one cgroup that holds at least this share of its rise."""
+NEWCOMER_GROWTH: Final = 10.0
+"""An aggressor displacing a victim this many times more than before arrived with the change."""
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
 PROBE_WORDS: Final = {
     "runqueue": "run-queue wait",

@@ -110,8 +110,9 @@ def steer_slot_hint(bpf: Any, prefix: str, used: Iterable[int], first: int, limi
     (or as many as from any slot), else moves to the lowest free slot from which they do."""
     hint = bpf[f"{prefix}_slot_hint".encode()]
     zero = hint.Key(0)
-    claims = claim_runs(set(used), first, limit)
-    free = [slot for slot in range(first, limit) if claims[slot - first] and slot not in used]
+    taken = set(used)
+    claims = claim_runs(taken, first, limit)
+    free = [slot for slot in range(first, limit) if claims[slot - first] and slot not in taken]
     if not free:
         return
     want = min(STEER_RUN, max(claims[slot - first] for slot in free))
