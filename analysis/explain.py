@@ -703,11 +703,15 @@ def _incident(
     )
     # The headline's own causes first: a cause of another cgroup of the incident (the run-queue
     # of / displaced by the same hog) is context, not the answer to "why did this rise?".
-    # A run-queue wait is time spent waiting for CPUs: the waiting cgroup's own failing calls
-    # that rose with it (EAGAIN from a queue it could not drain in time) are a consequence,
-    # however new; they rank after the rest (a neighbour's calls can still be the root cause).
+    # A run-queue wait is time spent waiting for CPUs: the failing calls of a cgroup whose wait
+    # rose in this incident (EAGAIN from a queue it could not drain in time) are a consequence,
+    # however new, whichever series heads the incident; they rank after the rest (a neighbour's
+    # calls can still be the root cause).
     mine = jump_cgroups(shown[0])
     waiting = shown[0].labels.get("probe") == "runqueue"
+    starved = set().union(
+        set(), *(jump_cgroups(j) for j in leaves if j.labels.get("probe") == "runqueue")
+    )
     # Retransmits with a known other end: those towards the headline's cgroup (the data it
     # waits for) before those it sent itself (requests whose acknowledgement was lost with them).
     # A cgroup moved between CPUs at a forced rate waits on the CPUs it is moved to: its
@@ -719,7 +723,7 @@ def _incident(
     forced = {c.cgroup for c in causes if c.forced_migrations}
     causes.sort(
         key=lambda c: (
-            waiting and c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in mine,
+            c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
             not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),
             c.kind == "displacement" and c.cgroup in forced,
             not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED),

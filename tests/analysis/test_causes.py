@@ -326,3 +326,38 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
     words = " ".join(report.render_text().split())
     assert "by /server's sockets to /client (the other end of the connection)" in words
     assert "about one TCP retransmission timeout" in words
+
+
+def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
+    """/victim's recvfrom tail (the headline: it moved most) and its run-queue wait rise as
+    /worker displaces it 5x more than before; its non-blocking calls start failing with EAGAIN
+    (new, so the largest effect). The failures are a consequence of waiting for CPUs, whichever
+    series heads the incident: the displacement comes first (CI once ranked the errors first
+    when the headline was not the run-queue wait)."""
+    rng = np.random.default_rng(7)
+    calm = LatencyModel()
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "netsyscall", "cgroup": "/victim", "syscall": "recvfrom"},
+                   _hist(STALLED if late else FAST, rng, 3000)),
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (5e6 if late else 1e6) / 8)),
+                     victim="/victim", aggressor="/worker"),
+            _counter("netsyscall_errors", "netsyscall", int(rng.poisson(40 if late else 0.02)),
+                     cgroup="/victim", syscall="recvfrom", errno="EAGAIN"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    incident = report.incidents[0]
+    assert incident.headline.labels["probe"] == "netsyscall", report.render_text()
+    kinds = [(c.kind, c.labels.get("aggressor")) for c in incident.causes]
+    assert kinds[0] == ("displacement", "/worker"), kinds
+    assert ("syscall_errors", None) in kinds, kinds
