@@ -8,8 +8,13 @@
  * clock read, no per-task map and no wakeup program: the kernel keeps the enqueue stamp
  * (CONFIG_SCHED_INFO) and the rq (next->se.cfs_rq->rq, CONFIG_FAIR_GROUP_SCHED); offsets from
  * BTF.  Like the kernel, a wakeup onto an idle CPU counts from the rq clock of the enqueue, so
- * the idle exit is not part of the wait; a queued task moved by the load balancer has the part
- * of its wait on the old CPU left out (schedstat adds it at the dequeue).
+ * the idle exit is not part of the wait.  A queued task moved to another CPU (load balancing,
+ * an affinity change) has its wait so far added to run_delay at the dequeue and a new
+ * last_queued on the new CPU: that part is the rise of run_delay since the task's last
+ * switch-in this probe saw, with no arrival in between (pcount unchanged), kept per task in a
+ * tid-indexed array tagged with the tid (RUNQUEUE_MAX_THREADS; a colliding or unseen tid, or
+ * an arrival the tracepoint missed, leaves that part out, as before).  The whole wait is then
+ * one sample, charged to the task that held the CPU it finally got.
  *
  * Attach point (tp_btf where the kernel takes it, else a raw tracepoint; same source, reads via
  * kread.bpf.h): sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -58,9 +63,13 @@
 #include "slots.bpf.h"
 #include "task.bpf.h"
 
-#if !defined(SCHED_INFO_LAST_QUEUED_OFF) || !defined(TASK_SE_CFS_RQ_OFF) ||                    \
-    !defined(CFS_RQ_RQ_OFF) || !defined(RQ_CLOCK_OFF) || !defined(RUNQUEUE_MAX_SLOTS)
+#if !defined(SCHED_INFO_LAST_QUEUED_OFF) || !defined(SCHED_INFO_RUN_DELAY_OFF) ||              \
+    !defined(SCHED_INFO_PCOUNT_OFF) || !defined(TASK_SE_CFS_RQ_OFF) || !defined(CFS_RQ_RQ_OFF) || \
+    !defined(RQ_CLOCK_OFF) || !defined(RUNQUEUE_MAX_SLOTS)
 #error "compile through tailsight.probes.runqueue (sched_info/rq offsets and slot count)"
+#endif
+#ifndef RUNQUEUE_MAX_THREADS
+#define RUNQUEUE_MAX_THREADS 65536 /* tasks whose moved waits are kept apart, a power of two */
 #endif
 #ifndef RUNQUEUE_SLOT_CACHE
 #define RUNQUEUE_SLOT_CACHE 4 /* per-CPU cgroup id -> slot entries, a power of two */
@@ -94,6 +103,14 @@ struct runqueue_cpu {
     struct runqueue_slot_cached cache[RUNQUEUE_SLOT_CACHE];
 };
 
+/* The kernel's run_delay of a task right after its last switch-in that this probe saw, and the
+ * pcount it then reached: by tid % RUNQUEUE_MAX_THREADS, tagged with the tid. */
+struct runqueue_task_seen {
+    u64 run_delay_ns;
+    u32 tid;
+    u32 pcount;
+};
+
 /* cgroup id -> slot (the row of the arrays below), and the claim of each slot.  Slot 0 is cgroup
  * id 0, the idle "aggressor".  Slots are never given back: a cgroup keeps its slot for the life
  * of the probe, so the per-CPU caches can never go stale. */
@@ -107,6 +124,7 @@ BPF_F_TABLE("array", u32, u64, runqueue_wait_hist, RUNQUEUE_MAX_SLOTS * HIST_ROW
 BPF_F_TABLE("array", u32, struct runqueue_pair_wait, runqueue_displaced_wait,
             RUNQUEUE_MAX_SLOTS * RUNQUEUE_MAX_SLOTS, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(runqueue_cpu_state, struct runqueue_cpu, 1);
+BPF_ARRAY(runqueue_task_seen, struct runqueue_task_seen, RUNQUEUE_MAX_THREADS);
 BPF_PERCPU_ARRAY(runqueue_dropped_events, u64, DROP_REASONS);
 BPF_RINGBUF_OUTPUT(runqueue_outlier_events, OUTLIER_RINGBUF_PAGES);
 BPF_STACK_TRACE(runqueue_outlier_stacks, OUTLIER_MAX_STACKS);
@@ -206,6 +224,28 @@ static __always_inline s32 slot_of(struct runqueue_cpu *cpu, u64 cgroup_id)
     return slot;
 }
 
+/* The part of next's wait spent queued on other CPUs before it was moved here (0 if unknown),
+ * and next's run_delay and pcount as sched_info_arrive is about to leave them (`arrival_ns` is
+ * the delta it adds). */
+static __always_inline u64 moved_wait(const void *next, u64 arrival_ns)
+{
+    u64 run_delay_ns = kread_u64(next, SCHED_INFO_RUN_DELAY_OFF);
+    u32 pcount = (u32)kread_u64(next, SCHED_INFO_PCOUNT_OFF);
+    u32 tid = task_pid(next);
+    u32 index = tid & (RUNQUEUE_MAX_THREADS - 1);
+    struct runqueue_task_seen *seen = runqueue_task_seen.lookup(&index);
+    u64 moved_ns = 0;
+
+    if (!seen)
+        return 0; /* index < RUNQUEUE_MAX_THREADS: never */
+    if (seen->tid == tid && seen->pcount == pcount && run_delay_ns > seen->run_delay_ns)
+        moved_ns = run_delay_ns - seen->run_delay_ns;
+    seen->run_delay_ns = run_delay_ns + arrival_ns;
+    seen->tid = tid;
+    seen->pcount = pcount + 1;
+    return moved_ns;
+}
+
 static __always_inline void record_wait(u32 victim, u32 aggressor, u64 wait_ns)
 {
     u32 cell = victim * HIST_ROW + hist_bucket_index(wait_ns);
@@ -265,6 +305,7 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
     if (clock_ns == 0)
         return 0; /* a read failed: no clock, no sample */
     wait_ns = clock_ns > queued_ns ? clock_ns - queued_ns : 0;
+    wait_ns += moved_wait(next, wait_ns);
 
     victim_cgroup_id = task_cgroup_id(next);
 #ifdef RUNQUEUE_CGROUP_FILTER

@@ -27,11 +27,14 @@ PROBE_NAME: Final = "runqueue"
 DROP_REASONS: Final = ("slots_full", "untraced_switch")
 MAX_SLOTS: Final = 256
 """Cgroups the probe can tell apart (slot 0 is the idle aggressor); memory: 4.2 MiB of
-histogram rows + 1 MiB of victim x aggressor pairs, shared by all CPUs (-DRUNQUEUE_MAX_SLOTS)."""
+histogram rows + 1 MiB of victim x aggressor pairs, shared by all CPUs (-DRUNQUEUE_MAX_SLOTS),
+plus 1 MiB of per-task run_delay (65,536 tids, for the waits of tasks moved between CPUs)."""
 HIST_ROW: Final = NUM_BUCKETS + 1
 # Fields of the kernel's own run-queue wait (sched_info_arrive: rq->clock - last_queued).
 SCHED_FIELDS: Final = {
     "SCHED_INFO_LAST_QUEUED_OFF": ("task_struct", "sched_info.last_queued"),
+    "SCHED_INFO_RUN_DELAY_OFF": ("task_struct", "sched_info.run_delay"),
+    "SCHED_INFO_PCOUNT_OFF": ("task_struct", "sched_info.pcount"),
     "TASK_SE_CFS_RQ_OFF": ("task_struct", "se.cfs_rq"),
     "CFS_RQ_RQ_OFF": ("cfs_rq", "rq"),
     "RQ_CLOCK_OFF": ("rq", "clock"),
@@ -65,8 +68,8 @@ class RunQueueProbe(BccProbe):
         self._retired_wait: dict[int, int] = {}
 
     def extra_cflags(self) -> list[str]:
-        """BTF offsets of sched_info.last_queued and of next -> cfs_rq -> rq -> clock (needs
-        CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED), and the slot count."""
+        """BTF offsets of sched_info (last_queued, run_delay, pcount) and of next -> cfs_rq ->
+        rq -> clock (needs CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED), and the slot count."""
         from tailsight.probes.offsets import resolve_offsets
 
         offsets = resolve_offsets(fields=SCHED_FIELDS)

@@ -129,6 +129,40 @@ def test_wait_matches_schedstat_and_names_the_neighbour(probe: RunQueueProbe) ->
 
 
 @pytest.mark.kernel
+def test_wait_of_a_task_moved_between_cpus_matches_schedstat(probe: RunQueueProbe) -> None:
+    """A task moved to the other CPU every 2 ms (affinity flips), where a spinner holds the CPU:
+    a wait that begins queued on one CPU ends on the other. The kernel adds the first part to
+    run_delay at the dequeue; the probe must count it too (before: 1 of every few ms lost)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("kernel: needs two CPUs to move a task between")
+    spin = "while True: pass\n"
+    loop = (
+        "import time\nwhile True:\n    time.sleep(0.001)\n"
+        "    end = time.perf_counter() + 0.002\n    while time.perf_counter() < end: pass\n"
+    )
+    tasks = [python_task("moved", loop, cpu=cpus[0]), python_task("spinner", spin, cpu=cpus[1])]
+    with Workload(tasks, base=private_base("rq")) as workload:
+        (pid,) = workload.pids("moved")
+        time.sleep(0.3)
+        before, stats_before = _stopped_snapshot(probe, [pid])
+        end, flips = time.monotonic() + WINDOW_S, 0
+        while time.monotonic() < end:
+            os.sched_setaffinity(pid, {cpus[flips % 2]})
+            flips += 1
+            time.sleep(0.002)
+        after, stats_after = _stopped_snapshot(probe, [pid])
+        moved = workload.cgroup_id("moved")
+
+    hist = _wait(after - before, moved)
+    run_delay_ns = stats_after[pid][0] - stats_before[pid][0]
+    timeslices = stats_after[pid][1] - stats_before[pid][1]
+    assert run_delay_ns > 0.1e9, run_delay_ns  # it really waited behind the spinner
+    assert hist.sum_ns == pytest.approx(run_delay_ns, rel=0.02), (hist.sum_ns, flips)
+    assert hist.count <= timeslices + 2
+
+
+@pytest.mark.kernel
 def test_sleeping_task_has_no_bogus_latency(probe: RunQueueProbe) -> None:
     code = (
         "import time\n"
