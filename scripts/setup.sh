@@ -62,10 +62,27 @@ fi
 # The llama.cpp runtime and its OpenAI-compatible server (extra `llamacpp`): no wheel for this
 # platform, so pip builds it from source once (~16 CPU-minutes) and reuses the wheel it caches;
 # nothing to do when the pinned version and its server already import. LLAVA_BUILD=OFF skips the
-# multimodal library (never loaded here); ggml stays -march=native (the wheel is this host's).
+# multimodal library (never loaded here); ggml stays -march=native (the wheel is this host's)
+# except for AMX: on an AMX host (a Sapphire Rapids VM, 2 Dec) ggml's AMX kernels crash the first
+# llama_decode (SIGSEGV), so they are compiled out, and a wheel that has them (built before, or
+# cached by pip) is rebuilt once.
 llama_cpp_version=$(sed -n 's/^llamacpp = \["llama-cpp-python\[server\]==\([^"]*\)"\]$/\1/p' pyproject.toml)
 [ -n "$llama_cpp_version" ] || { echo "setup: no llamacpp pin in pyproject.toml" >&2; exit 1; }
-if [ "$("$VENV/bin/python" -c 'import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)' 2>/dev/null)" != "$llama_cpp_version" ]; then
+llama_cpp_build() {  # the installed version, and "amx" when its ggml has the AMX kernels
+    "$VENV/bin/python" -c 'import llama_cpp, llama_cpp.server.app
+print(llama_cpp.__version__, "amx" if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info() else "")' 2>/dev/null
+}
+no_amx=()
+if [ "$(uname -m)" = x86_64 ]; then
+    amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    no_amx=(--force-reinstall --no-deps)
+fi
+install_llama_cpp() {
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF ${amx_off:+-DCMAKE_C_FLAGS='$amx_off' -DCMAKE_CXX_FLAGS='$amx_off'}}" \
+        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+        "$VENV/bin/pip" install -q "$@" "llama-cpp-python[server]==$llama_cpp_version"
+}
+if [ "$(llama_cpp_build)" != "$llama_cpp_version " ]; then
     echo "setup: installing llama-cpp-python $llama_cpp_version (a source build unless pip cached its wheel)"
     build_tools=()  # the source build's compiler and build system
     for tool in g++ cmake; do command -v "$tool" >/dev/null || build_tools+=("$tool"); done
@@ -73,7 +90,11 @@ if [ "$("$VENV/bin/python" -c 'import llama_cpp, llama_cpp.server.app; print(lla
         [ -n "$(find /var/lib/apt/lists -name '*Packages*' -newer /etc/os-release 2>/dev/null | head -1)" ] || apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${build_tools[@]}" >/dev/null
     fi
-    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-        "$VENV/bin/pip" install -q "llama-cpp-python[server]==$llama_cpp_version"
+    install_llama_cpp
+    if [ "$(llama_cpp_build)" = "$llama_cpp_version amx" ]; then
+        echo "setup: that llama-cpp-python has ggml's AMX kernels (they crash here): rebuilding without"
+        "$VENV/bin/pip" cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
+        install_llama_cpp "${no_amx[@]}"
+    fi
 fi
 echo "setup: ok ($("$VENV/bin/python" --version), bcc $("$VENV/bin/python" -c 'import bcc; print(getattr(bcc, "__version__", "?"))'))"
