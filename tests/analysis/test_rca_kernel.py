@@ -15,15 +15,9 @@ from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.inject import INTERVAL_S, KINDS, QUIET, run_injection, score
 from tailsight.analysis.report_html import render_html
 
-# Forced migrations are scored in the benchmark only (4 of 4 first there on 2 Dec): run here after
-# the other kinds, one 10 s run of three was dated 2.9 s late with the displacement it causes
-# ranked first (once in four 8 s runs too), and 2 of 4 other 8 s runs found no jump at all.
-CI_KINDS = tuple(kind for kind in KINDS if kind != "migrations")
-
-
 @pytest.mark.kernel
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", CI_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kind: str) -> None:
     if kind == "packet_loss" and shutil.which("nft") is None:
         pytest.skip("kernel: packet loss needs nftables (nft)")
