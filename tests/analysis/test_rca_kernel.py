@@ -15,6 +15,7 @@ from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.inject import INTERVAL_S, KINDS, QUIET, run_injection, score
 from tailsight.analysis.report_html import render_html
 
+
 @pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
