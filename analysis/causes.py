@@ -7,7 +7,8 @@ Every candidate compares the same before/after windows as the symptom (per-inter
   binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
 - **neighbour calls**: socket syscalls per interval of cgroups *outside* the incident (from the
   netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`) and now call
-  more often than the symptoms' cgroups themselves: a neighbour hammering the same socket path.
+  more often than the symptoms' cgroups (those whose socket syscall time jumped) did before:
+  a neighbour hammering the same socket path.
 - **run-queue displacement**: each aggressor's displaced wait of an incident cgroup
   (``runqueue_displaced_wait_ns``), one-sided Mann-Whitney test of after > before per interval.
   An aggressor equal to the victim is another task of the victim's own cgroup.
@@ -243,14 +244,16 @@ def find_causes(
     symptoms: Collection[str] = (),
 ) -> list[Cause]:
     """Every candidate cause of the incident's cgroups (and TCP peers), discoveries first,
-    ranked by effect size; BH at ``fdr`` across all of them. ``symptoms``: the cgroups whose own
-    series jumped (their call volume is the volume term of the decomposition, not a cause)."""
+    ranked by effect size; BH at ``fdr`` across all of them. ``symptoms``: the cgroups whose
+    socket syscall time jumped (their call volume is the volume term of its decomposition, not a
+    cause)."""
     n_before = windows.change - windows.before_start
     n_after = windows.after_stop - windows.change
-    # A neighbour "hammers" only when it calls more often than the symptoms' cgroups do
-    # themselves: a busy machine's other processes start a few calls at any moment.
+    # A neighbour "hammers" only when it calls more often than the symptoms' cgroups did before
+    # the change: a busy machine's other processes start a few calls at any moment, and a
+    # symptom's volume after it may be the neighbour's own (a server answering the flood).
     own_calls = sum(
-        float(row[windows.after].mean())
+        float(row[windows.before].mean())
         for (name, key), row in table.rows.items()
         if name == CALLS and dict(key).get("cgroup") in symptoms
     )

@@ -34,6 +34,7 @@ from tailsight.analysis.attribution import (
     stack_shifts_rows,
 )
 from tailsight.analysis.causes import (
+    CALLS,
     COUNTER_CAUSES,
     OTHER_END,
     Cause,
@@ -56,13 +57,16 @@ from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.netsyscall import ERRORS
+from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
 from tailsight.probes.outliers import short_stack
 
 TEXT_WIDTH: Final = 80
 MIN_SPLIT_EVENTS: Final = 20
 """Fewest tail events (both windows) on which a split of the rise is printed."""
-LINKED: Final = frozenset({"retransmits", "retransmit_failures"})
-"""Causes at either end of a connection: they concern every symptom of the incident."""
+LINKED: Final = frozenset({"retransmits", "retransmit_failures", COUNTER_CAUSES[CALLS]})
+"""Causes acting across cgroups (either end of a connection; a neighbour's calls on a shared
+socket path, never a cause of the neighbour's own symptoms): they concern every symptom of the
+incident."""
 MAJORITY: Final = 0.5
 """An aggregate is explained by one cgroup that holds at least this share of its rise."""
 NEWCOMER_GROWTH: Final = 10.0
@@ -668,7 +672,14 @@ def _causes(
 ) -> tuple[list[Cause], int]:
     change = min(jumps[m].change_index for m in members)
     windows = Windows.around(change, intervals, config.window_intervals)
-    symptoms = {c for m in members if not jumps[m].aggregate for c in jump_cgroups(jumps[m])}
+    # Only a socket syscall time's own calls are the volume term of its decomposition; a
+    # flooding neighbour whose run-queue wait rose as well still hammers.
+    symptoms = {
+        c
+        for m in members
+        if not jumps[m].aggregate and jumps[m].labels.get("probe") == NETSYSCALL
+        for c in jump_cgroups(jumps[m])
+    }
     candidates = find_causes(table, windows, cgroups, config.fdr, symptoms)
     return [c for c in candidates if c.discovered], len(candidates)
 

@@ -361,3 +361,44 @@ def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
     kinds = [(c.kind, c.labels.get("aggressor")) for c in incident.causes]
     assert kinds[0] == ("displacement", "/worker"), kinds
     assert ("syscall_errors", None) in kinds, kinds
+
+
+def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more() -> None:
+    """/neighbour floods the unix socket of /server, which /victim also talks to: /victim's
+    sendto tail rises, /server (busier: it answers the flood) displaces /victim more, and its
+    own recvfrom tail and volume rise with it, above the neighbour's; the neighbour's run-queue
+    wait rises too. The neighbour's calls, new and larger than what the symptoms called before,
+    are the cause (CI ranked /server's displacement first: the floor was the symptoms' volume
+    after the change, and the neighbour, a run-queue symptom, counted as one of them)."""
+    rng = np.random.default_rng(11)
+    calm = LatencyModel()
+    slow_server = FAST.with_component(0.05, 2e6, 0.3)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "netsyscall", "cgroup": "/victim", "syscall": "sendto"},
+                   _hist(STALLED if late else FAST, rng, 3000)),
+            Series({"probe": "netsyscall", "cgroup": "/server", "syscall": "recvfrom"},
+                   _hist(slow_server if late else FAST, rng, 33_000 if late else 3000)),
+            Series({"probe": "runqueue", "cgroup": "/neighbour"},
+                   _hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng,
+                         3000 if late else 300)),
+        ]  # fmt: skip
+        if late:
+            series.append(
+                Series({"probe": "netsyscall", "cgroup": "/neighbour", "syscall": "sendto"},
+                       _hist(FAST, rng, 30_000))
+            )  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (3e6 if late else 1e6) / 8)),
+                     victim="/victim", aggressor="/server"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    victims = [i for i in report.incidents if "/victim" in i.cgroups]
+    assert victims, report.render_text()
+    first = victims[0].causes[0]
+    assert (first.kind, first.cgroup) == ("neighbour_calls", "/neighbour"), report.render_text()

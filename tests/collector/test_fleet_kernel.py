@@ -198,13 +198,21 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     late_s = jump["change_start_ns"] / 1e9 - injected
     assert -2 * SCRAPE_S <= late_s <= 6 * SCRAPE_S, (late_s, timeline)
     assert jump["displacement"]["aggressors"][0]["aggressor"] == hog.cgroup_path("hog")
-    # Host B: no jump of any of its series while the fault lasts, and nothing of A's subtree in
-    # B's series (or of B's in A's): each agent exported its own subtree only.
+    # Host B: no jump of any of its series when the hog arrived (in the window A's is dated in),
+    # none it displaced, and nothing of A's subtree in B's series (or of B's in A's): each agent
+    # exported its own subtree only. Later, B's own noise may show (CI: its real-time victim's
+    # P99 7 -> 46 us, 17 s into the fault, with nothing of A's on its CPU).
     on_b = [
         j
         for j in report["jumps"]
         if j["series"].get("instance") == instance_b
-        and j["change_start_ns"] / 1e9 >= injected - 2 * SCRAPE_S
+        and (
+            -2 * SCRAPE_S <= j["change_start_ns"] / 1e9 - injected <= 6 * SCRAPE_S
+            or any(
+                a["aggressor"].startswith(f"/{host_a}")
+                for a in (j.get("displacement") or {}).get("aggressors", [])
+            )
+        )
     ]
     assert not on_b, [
         (j["series"], j["before_ns"], j["after_ns"], j["change_start_ns"] / 1e9 - injected)
