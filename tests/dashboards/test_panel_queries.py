@@ -197,10 +197,14 @@ def _last(result: list[dict[str, Any]]) -> dict[str, float]:
 def _check_ground_truth(
     prometheus: Prometheus, noisy: str, victim: str, start: float, end: float
 ) -> None:
-    # Who displaced the victim: of the cgroups with a label, the spinner pinned to its CPU (the
-    # rest of this shared host is "other": its share depends on whatever else runs here).
+    # Who displaced the victim: of the other cgroups with a label, the spinner pinned to its CPU
+    # (the rest of this shared host is "other": its share depends on whatever else runs here).
+    # The victim's own threads also displace each other (its hopping thread lands on the shared
+    # CPU every other 5 ms): CI once saw them at 33.2 ms/s beside the spinner's 32.8.
     displaced = _last(_series(prometheus, _fill(_displaced_by(), victim), start, end))
-    named = {k: v for k, v in displaced.items() if k != "aggressor=other"}
+    named = {
+        k: v for k, v in displaced.items() if k not in ("aggressor=other", f"aggressor={victim}")
+    }
     assert max(named, key=named.__getitem__) == f"aggressor={noisy}", displaced
     assert 0.01 < named[f"aggressor={noisy}"] <= 1.0, displaced  # s per s: a share of a CPU
     # Seconds, not µs or ns: the victim's run-queue P99 behind a spinner is a CFS slice scale
