@@ -56,6 +56,7 @@ from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.catalog import series_title
 from tailsight.probes.netsyscall import ERRORS
 from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
 from tailsight.probes.outliers import short_stack
@@ -72,12 +73,6 @@ MAJORITY: Final = 0.5
 NEWCOMER_GROWTH: Final = 10.0
 """An aggressor displacing a victim this many times more than before arrived with the change."""
 PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
-PROBE_WORDS: Final = {
-    "runqueue": "run-queue wait",
-    "netsyscall": "socket syscall time",
-    "tcpstate": "TCP state time",
-    "migration": "migration delay",
-}
 
 
 @dataclass(frozen=True)
@@ -131,8 +126,8 @@ class JumpExplanation:
     def title(self) -> str:
         """``run-queue wait of /trading`` (aggregates: ``... of all cgroups``)."""
         labels = self.labels
-        what = PROBE_WORDS.get(labels.get("probe", ""), labels.get("probe", "latency"))
-        rest = [v for k, v in sorted(labels.items()) if k not in ("probe", "cgroup")]
+        what = series_title(labels)  # names the kind too
+        rest = [v for k, v in sorted(labels.items()) if k not in ("probe", "cgroup", "kind")]
         whom = labels.get("cgroup", "all cgroups")
         return f"{what} of {whom}" + (f" ({' '.join(rest)})" if rest else "")
 

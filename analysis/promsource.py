@@ -32,8 +32,8 @@ import numpy.typing as npt
 from tailsight.collector.exporter import (
     CGROUP_LABELS,
     COARSE_BOUNDS_NS,
-    PROBE_WHAT,
     QUANTILE_LABEL,
+    default_what,
     window_label,
 )
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
@@ -337,7 +337,7 @@ def _series_labels(labels: LabelKey) -> dict[str, str]:
     probe = named.get("probe", "")
     what = match[1].removeprefix(f"{probe}_") if probe else match[1]
     out = {k: v for k, v in named.items() if k not in DROPPED_LABELS}
-    if probe and what != PROBE_WHAT.get(probe, "latency") and WHAT_LABEL not in out:
+    if probe and what != default_what(probe) and WHAT_LABEL not in out:
         out[WHAT_LABEL] = what
     return out
 

@@ -70,11 +70,11 @@ def tick_cost(
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
-    from tailsight.probes.catalog import PROBE_CLASSES
+    from tailsight.probes.catalog import PROBES
 
     ids = [os.stat(root / f"cg{n}").st_ino for n in range(cgroups)]
     config = CollectorConfig(top_k=20)
-    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBE_CLASSES)}
+    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBES)}
     writer = RecordingWriter(record) if record is not None else None
     exporter = PrometheusExporter(config)
     agent = Agent(
@@ -116,10 +116,10 @@ def scrape_latency(render: Callable[[], bytes], scrapes: int) -> tuple[list[floa
 
 def real_reads() -> list[str]:
     """One read of every catalog probe (wall / CPU), needs root and bcc."""
-    from tailsight.probes.catalog import PROBE_CLASSES, create_probe
+    from tailsight.probes.catalog import PROBES, create_probe
 
     lines = []
-    for name in PROBE_CLASSES:
+    for name in PROBES:
         probe = create_probe(name)
         try:
             probe.attach()
@@ -159,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.probes.catalog import PROBE_CLASSES
+    from tailsight.probes.catalog import PROBES
 
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp) / "cgroup"
         for n in range(args.cgroups):
             (root / f"cg{n}").mkdir(parents=True)
-        probes = ", ".join(PROBE_CLASSES)
-        print(f"{args.cgroups} cgroups on each of {len(PROBE_CLASSES)} probes ({probes}), top-K 20")
+        probes = ", ".join(PROBES)
+        print(f"{args.cgroups} cgroups on each of {len(PROBES)} probes ({probes}), top-K 20")
         empty, _, _ = tick_cost(0, intervals, root, None)
         export_only, series, _ = tick_cost(args.cgroups, intervals, root, None)
         full, _, recorded = tick_cost(args.cgroups, intervals, root, Path(temp) / "rec")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         # The scraped exporter holds what a running agent holds after a few intervals.
         exporter = PrometheusExporter(CollectorConfig(top_k=20))
         ids = [os.stat(root / f"cg{n}").st_ino for n in range(args.cgroups)]
-        fakes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBE_CLASSES)}
+        fakes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBES)}
         agent = Agent(
             CollectorConfig(top_k=20),
             CgroupResolver(root),

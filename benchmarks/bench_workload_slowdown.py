@@ -98,10 +98,10 @@ def _two_processes(cpus: tuple[int, int], sides: list[Callable[[], int]]) -> int
 
 
 def attach_all() -> list[Any]:
-    from tailsight.probes.catalog import PROBE_CLASSES, create_probe
+    from tailsight.probes.catalog import PROBES, create_probe
 
     probes = []
-    for name in PROBE_CLASSES:
+    for name in PROBES:
         probe = create_probe(name)
         probe.attach()
         probes.append(probe)

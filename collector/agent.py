@@ -20,7 +20,7 @@ from tailsight.collector.exporter import ProbeStatus, RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot
-from tailsight.probes.catalog import PROBE_CLASSES, create_probe
+from tailsight.probes.catalog import PROBES, create_probe
 
 FORGET_EVERY_INTERVALS: Final = 30
 """How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
@@ -98,7 +98,7 @@ class Agent:
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
-        return list(dict.fromkeys(self.config.probes or PROBE_CLASSES))
+        return list(dict.fromkeys(self.config.probes or PROBES))
 
     def start(self) -> None:
         """Attach every probe that can be; failures are logged and exported, not fatal. With

@@ -4,6 +4,7 @@ gauges from full resolution, counters, a bounded ``cgroup`` label and self-metri
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -27,6 +28,7 @@ from tailsight.hist import (
     bucket_upper_bounds_ns,
 )
 from tailsight.histfile import HistDocument
+from tailsight.probes.catalog import PROBES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -54,10 +56,16 @@ FIXED_CGROUP_NAMES: Final = frozenset({"idle", OTHER_CGROUP})
 # Labels that would make Prometheus cardinality unbounded: stacks (outlier events) and task ids
 # stay in the recording; the exporter sums over them.
 UNEXPORTED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
-# What a probe's histogram measures, for the metric name tailsight_<probe>_<what>_seconds; a
-# series label in WHAT_LABELS (e.g. tcpstate's kind="connect") names it instead and is consumed.
-PROBE_WHAT: Final[dict[str, str]] = {"runqueue": "wait", "netsyscall": "syscall"}
+# What a histogram measures, for the metric name tailsight_<probe>_<what>_seconds: a series label
+# in WHAT_LABELS (e.g. tcpstate's kind="connect") names it and is consumed; else the probe's
+# descriptor (probes/catalog.py) its only series.
 WHAT_LABELS: Final = ("what", "kind")
+GENERIC_HELP: Final = {
+    "histogram": "Latency, 5 µs model re-bucketed exactly; cumulative since the collector started.",
+    "quantile": "Exact quantile (label q) from full-resolution 5 µs buckets over the window.",
+    "counter": "Probe counter since the collector started.",
+}
+"""Help of a family no probe descriptor describes; a described one's help comes first."""
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -69,8 +77,28 @@ P = TypeVar("P")
 def metric_base(probe: str, labels: Mapping[str, str]) -> str:
     """``tailsight_<probe>_<what>`` for a histogram series."""
     what = _what_label(labels)
-    what = labels[what] if what is not None else PROBE_WHAT.get(probe, "latency")
-    return _NAME_BAD.sub("_", f"tailsight_{probe}_{what}")
+    stem = labels[what] if what is not None else default_what(probe)
+    return _NAME_BAD.sub("_", f"tailsight_{probe}_{stem}")
+
+
+def default_what(probe: str) -> str:
+    """The ``<what>`` of a probe's histogram series that carry no what label: its only one."""
+    info = PROBES.get(probe)
+    series = None if info is None else info.series_info({})
+    return "latency" if series is None else series.what
+
+
+@functools.cache
+def described() -> dict[str, str]:
+    """Help text by family name (histogram base, counter without ``_total``) from the probes'
+    descriptors: one source for what each series and counter means."""
+    out: dict[str, str] = {}
+    for info in PROBES.values():
+        for series in info.series:
+            out[metric_base(info.name, {"kind": series.what})] = series.help
+        for counter in info.counters:
+            out[counter_metric(counter.name, info.name)[0]] = counter.help
+    return out
 
 
 def counter_metric(name: str, probe: str) -> tuple[str, float]:
@@ -398,11 +426,9 @@ class PrometheusExporter:
         for base, entries in grouped.items():
             name = f"{base}_seconds"
             names = _label_names(labels for labels, _ in entries)
-            family = Family(
-                name,
-                "histogram",
-                "Latency, 5 µs model re-bucketed exactly; cumulative since the collector started.",
-            )
+            about = described().get(base)
+            help_text = GENERIC_HELP["histogram"]
+            family = Family(name, "histogram", f"{about} {help_text}" if about else help_text)
             for labels, slot in entries:
                 pairs = _pairs(labels, names)
                 cumulative = np.cumsum(slot.coarse).tolist()
@@ -448,10 +474,10 @@ class PrometheusExporter:
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
         for base, series in sorted(grouped.items()):
             names = _label_names(self._with_pods(key) for key in series)
+            about = described().get(base)
+            help_text = GENERIC_HELP["quantile"]
             family = Family(
-                f"{base}_quantile_seconds",
-                "gauge",
-                "Exact quantile from full-resolution 5 µs buckets over the window.",
+                f"{base}_quantile_seconds", "gauge", f"{about} {help_text}" if about else help_text
             )
             for label_key, members in sorted(series.items()):
                 values_ns = _quantiles_ns(members, QUANTILES)
@@ -472,7 +498,8 @@ class PrometheusExporter:
         out: list[Family] = []
         for name, entries in grouped.items():
             names = _label_names(labels for labels, _, _ in entries)
-            family = Family(name, "counter", "Probe counter since the collector started.")
+            help_text = described().get(name, GENERIC_HELP["counter"])
+            family = Family(name, "counter", help_text)
             family.samples = [
                 (f"{name}_total", _pairs(labels, names), None, float(total * scale))
                 for labels, scale, total in entries

@@ -24,7 +24,7 @@ from tailsight.collector.pods import PodDirectory, PodLabeler
 from tailsight.collector.store import RecordingWriter
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.probes.base import Probe
-from tailsight.probes.catalog import PROBE_CLASSES
+from tailsight.probes.catalog import PROBES
 from tailsight.probes.features import enable_bpf_stats
 from tailsight.probes.loader import require_bpf_privileges
 
@@ -52,9 +52,9 @@ class CannotServe(RuntimeError):
 def check_probes(names: Sequence[str]) -> None:
     """Known probe names (BadInput), and the privileges to load them (PrivilegeError): one
     message up front, not a compile failure per probe."""
-    unknown = [name for name in names if name not in PROBE_CLASSES]
+    unknown = [name for name in names if name not in PROBES]
     if unknown:
-        raise BadInput(f"unknown probe(s) {unknown}; known: {sorted(PROBE_CLASSES)}", "--probe")
+        raise BadInput(f"unknown probe(s) {unknown}; known: {sorted(PROBES)}", "--probe")
     require_bpf_privileges()
 
 

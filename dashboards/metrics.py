@@ -1,12 +1,13 @@
 """Every metric and label name the dashboards query, in one place: a rename in the exporter
 (``collector/exporter.py``) is a one-line change here, and the panel-query test against a real
-Prometheus fails until it is made."""
+Prometheus fails until it is made. Latency titles and labels come from the probes' descriptors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
 
+from tailsight.probes.catalog import PROBES
 from tailsight.trading_core import timing
 
 # Label of the exact-quantile gauges naming the quantile ("0.99"); and of their window ("60s").
@@ -45,13 +46,18 @@ class LatencyMetric:
         return f"{self.base}_quantile_seconds"
 
 
-RUNQUEUE_WAIT: Final = LatencyMetric("runqueue", "wait", "Run-queue wait")
-SYSCALL: Final = LatencyMetric("netsyscall", "syscall", "Socket syscall latency", ("syscall",))
-TCP_CONNECT: Final = LatencyMetric("tcpstate", "connect", "TCP connect latency")
-TCP_LIFETIME: Final = LatencyMetric("tcpstate", "lifetime", "TCP connection lifetime")
-TCP_TIME_IN_STATE: Final = LatencyMetric(
-    "tcpstate", "time_in_state", "TCP time in state", ("from_state", "to_state")
-)
+def _latency(probe: str, what: str) -> LatencyMetric:
+    """A probe's histogram family, titled and labelled as its descriptor says."""
+    series = PROBES[probe].series_info({"kind": what})
+    assert series is not None, (probe, what)
+    return LatencyMetric(probe, what, series.title[0].upper() + series.title[1:], series.by)
+
+
+RUNQUEUE_WAIT: Final = _latency("runqueue", "wait")
+SYSCALL: Final = _latency("netsyscall", "syscall")
+TCP_CONNECT: Final = _latency("tcpstate", "connect")
+TCP_LIFETIME: Final = _latency("tcpstate", "lifetime")
+TCP_TIME_IN_STATE: Final = _latency("tcpstate", "time_in_state")
 KERNEL_LATENCIES: Final = (RUNQUEUE_WAIT, SYSCALL, TCP_CONNECT, TCP_LIFETIME, TCP_TIME_IN_STATE)
 
 # Counters (Prometheus names, with _total).

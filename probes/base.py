@@ -30,6 +30,52 @@ CgroupNamer = Callable[[Iterable[int]], Mapping[int, str]]
 """Bulk cgroup id -> path, e.g. ``CgroupResolver.resolve_many``."""
 
 
+@dataclass(frozen=True)
+class SeriesInfo:
+    """A latency histogram a probe records, exported as ``tailsight_<probe>_<what>_seconds``."""
+
+    what: str
+    """The metric's stem; where a probe records several, its series' ``kind`` label names it."""
+    title: str
+    """Its words in prose, headings and panels: "run-queue wait"."""
+    help: str
+    by: tuple[str, ...] = ()
+    """Series labels besides ``cgroup``."""
+
+
+@dataclass(frozen=True)
+class CounterInfo:
+    """A counter a probe records (a ``_ns`` counter is exported in seconds)."""
+
+    name: str
+    help: str
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """One probe's facts, beside its code: the catalog, the exporter, ``explain``, the trace view
+    and the dashboards read them from here (``probes/catalog.py`` lists them)."""
+
+    name: str
+    title: str
+    """What it measures, in a few words: a heading."""
+    tracepoints: tuple[str, ...]
+    series: tuple[SeriesInfo, ...] = ()
+    counters: tuple[CounterInfo, ...] = ()
+
+    def series_info(self, series_labels: Mapping[str, str]) -> SeriesInfo | None:
+        """The series a histogram with these labels belongs to: named by its ``kind`` label, or
+        the probe's only one."""
+        kind = series_labels.get("kind")
+        named = [s for s in self.series if s.what == kind]
+        if named:
+            return named[0]
+        return self.series[0] if len(self.series) == 1 and kind is None else None
+
+    def counter_info(self, name: str) -> CounterInfo | None:
+        return next((c for c in self.counters if c.name == name), None)
+
+
 def labels(**values: LabelValue) -> Labels:
     """Canonical label tuple (sorted by name)."""
     return tuple(sorted(values.items()))

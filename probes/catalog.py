@@ -1,32 +1,54 @@
-"""The probes by name: raw tracepoints each attaches to (read by `doctor` and the docs) and the
-class implementing it (imported only when used, so the CLI starts fast)."""
+"""The probes by name, each with its descriptor (:class:`~tailsight.probes.base.ProbeInfo`,
+beside its code): tracepoints (read by `doctor` and the docs), series and counters with titles and
+help (read by the exporter, `explain`, the trace view and the dashboards), and the class."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Final
+from collections.abc import Mapping
+from typing import Final
 
-if TYPE_CHECKING:
-    from tailsight.probes.base import Probe
+from tailsight.probes import migration, netsyscall, runqueue, tcpstate
+from tailsight.probes.base import Probe, ProbeInfo
 
-PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
-    "runqueue": ("sched_switch",),
-    "netsyscall": ("sys_enter", "sys_exit"),
-    "tcpstate": ("inet_sock_set_state", "tcp_retransmit_skb"),
-    "migration": ("sched_migrate_task", "sched_move_numa", "sched_swap_numa", "sched_stick_numa"),
+PROBES: Final[dict[str, ProbeInfo]] = {
+    info.name: info for info in (runqueue.INFO, netsyscall.INFO, tcpstate.INFO, migration.INFO)
 }
-PROBE_CLASSES: Final[dict[str, str]] = {
-    "runqueue": "tailsight.probes.runqueue:RunQueueProbe",
-    "netsyscall": "tailsight.probes.netsyscall:NetSyscallProbe",
-    "tcpstate": "tailsight.probes.tcpstate:TcpStateProbe",
-    "migration": "tailsight.probes.migration:MigrationProbe",
+PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
+    name: info.tracepoints for name, info in PROBES.items()
+}
+_CLASSES: Final[dict[str, type]] = {
+    runqueue.PROBE_NAME: runqueue.RunQueueProbe,
+    netsyscall.PROBE_NAME: netsyscall.NetSyscallProbe,
+    tcpstate.PROBE_NAME: tcpstate.TcpStateProbe,
+    migration.PROBE_NAME: migration.MigrationProbe,
 }
 
 
 def create_probe(name: str) -> Probe:
     """A new, unattached probe by name; KeyError names the known ones."""
-    if name not in PROBE_CLASSES:
-        raise KeyError(f"unknown probe {name!r}; known: {sorted(PROBE_CLASSES)}")
-    module_name, class_name = PROBE_CLASSES[name].split(":")
-    probe: Probe = getattr(importlib.import_module(module_name), class_name)()
+    if name not in _CLASSES:
+        raise KeyError(f"unknown probe {name!r}; known: {sorted(PROBES)}")
+    probe: Probe = _CLASSES[name]()
     return probe
+
+
+def probe_title(probe: str) -> str:
+    """What a probe measures, as a heading ("run-queue wait"); an unknown one by its name."""
+    info = PROBES.get(probe)
+    return probe if info is None else info.title
+
+
+def series_title(labels: Mapping[str, str]) -> str:
+    """The words for a histogram series ("TCP connect time"), from its ``probe`` (and ``kind``)
+    label; the probe's title where the series is not one it describes."""
+    probe = labels.get("probe", "")
+    info = PROBES.get(probe)
+    series = None if info is None else info.series_info(labels)
+    return series.title if series is not None else probe_title(probe) or "latency"
+
+
+def counter_help(name: str, probe: str) -> str:
+    """The help text of a probe's counter (a generic one for a counter it does not describe)."""
+    info = PROBES.get(probe)
+    counter = None if info is None else info.counter_info(name)
+    return "Probe counter since the collector started." if counter is None else counter.help

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
     MappedArray,
     hash_map_fill,
@@ -29,7 +29,6 @@ from tailsight.probes.bccprobe import (
     steer_slot_hint,
     sync_cgroup_allow,
 )
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
 
@@ -49,6 +48,23 @@ REQUIRED_TRACEPOINT: Final = "sched_migrate_task"
 VMSTAT_COUNTERS: Final = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_migrated")
 HOST_PREFIX: Final = "host_"
 HOST_LABELS: Final = labels(scope="host")
+INFO: Final = ProbeInfo(
+    name=PROBE_NAME,
+    title="CPU and NUMA migrations",
+    tracepoints=("sched_migrate_task", "sched_move_numa", "sched_swap_numa", "sched_stick_numa"),
+    counters=(
+        CounterInfo(KINDS[0], "Tasks of the cgroup moved to another CPU."),
+        CounterInfo(KINDS[1], "Moves to a CPU of another NUMA node."),
+        CounterInfo(KINDS[2], "NUMA balancing moves of a task to its preferred node."),
+        CounterInfo(KINDS[3], "NUMA balancing swaps of two tasks between nodes."),
+        CounterInfo(KINDS[4], "NUMA balancing moves or swaps of a task that failed (it stays)."),
+        CounterInfo(DROPPED, f"Events not counted, by reason ({', '.join(DROP_REASONS)})."),
+        *(
+            CounterInfo(HOST_PREFIX + name, f"The host's {name} from /proc/vmstat (all cgroups).")
+            for name in VMSTAT_COUNTERS
+        ),
+    ),
+)
 MAX_CPUS: Final = 8192  # MIGRATION_MAX_CPUS in migration.bpf.c
 MAX_SLOTS: Final = 1024
 """Cgroups the probe tells apart (-DMIGRATION_MAX_SLOTS): one 64-byte counter row each, 64 KiB
@@ -142,9 +158,7 @@ class MigrationProbe:
         if cpu_offset is None:
             cpu_offset = resolve_task_cpu_offset(btf)
         wanted = [
-            tp
-            for tp in PROBE_TRACEPOINTS[PROBE_NAME]
-            if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
+            tp for tp in INFO.tracepoints if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
         ]
 
         def prepare(bpf: Any) -> None:

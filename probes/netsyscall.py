@@ -11,7 +11,7 @@ from typing import Final
 import numpy as np
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
     BccProbe,
     delete_where,
@@ -19,8 +19,11 @@ from tailsight.probes.bccprobe import (
     slot_histograms,
     steer_slot_hint,
 )
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
-from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
+from tailsight.probes.outliers import (
+    DEFAULT_OUTLIER_FLOOR_NS,
+    DEFAULT_OUTLIER_RATE_PER_S,
+    outlier_counters,
+)
 from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
 
 PROBE_NAME: Final = "netsyscall"
@@ -32,6 +35,24 @@ CPUs (-DNETSYSCALL_MAX_SERIES)."""
 HIST_ROW: Final = NUM_BUCKETS + 1
 ERRORS: Final = "netsyscall_errors"
 DROPPED: Final = "netsyscall_dropped_events"
+INFO: Final = ProbeInfo(
+    name=PROBE_NAME,
+    title="socket syscall time",
+    tracepoints=("sys_enter", "sys_exit"),
+    series=(
+        SeriesInfo(
+            "syscall",
+            "socket syscall time",
+            "Time in a socket syscall (send/recv family), entry to exit, by cgroup and syscall.",
+            ("syscall",),
+        ),
+    ),
+    counters=(
+        CounterInfo(ERRORS, "Socket syscalls that returned an error, by syscall and errno."),
+        CounterInfo(DROPPED, f"Calls not counted, by reason ({', '.join(DROP_REASONS)})."),
+        *outlier_counters(PROBE_NAME),
+    ),
+)
 
 
 def errno_name(value: int) -> str:
@@ -48,7 +69,7 @@ class NetSyscallProbe(BccProbe):
     """
 
     name = PROBE_NAME
-    tracepoints = PROBE_TRACEPOINTS[PROBE_NAME]
+    tracepoints = INFO.tracepoints
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ import numpy as np
 
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Labels, LabelValue, labels
+from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels
 from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
 
 OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
@@ -38,6 +38,21 @@ STACK_MAP_RECYCLE: Final = 1024
 _STACK_LABELS: Final = frozenset({"probe", "cgroup", "kernel_stack", "user_stack"})
 DEFAULT_OUTLIER_FLOOR_NS: Final = 1_000_000
 DEFAULT_OUTLIER_RATE_PER_S: Final = 100
+
+
+def outlier_counters(probe: str) -> tuple[CounterInfo, CounterInfo]:
+    """The counters of a probe's outlier events (:meth:`OutlierStream.counters`)."""
+    return (
+        CounterInfo(
+            probe + OUTLIER_EVENTS_SUFFIX,
+            "Events above the cgroup's outlier threshold (its recent P99), reported with their "
+            "stacks; exported summed over the stacks.",
+        ),
+        CounterInfo(
+            probe + OUTLIER_DROPPED_SUFFIX,
+            f"Outlier events not reported, by reason ({', '.join(OUTLIER_DROP_REASONS)}).",
+        ),
+    )
 
 
 def outlier_cflags(floor_ns: int, rate_per_s: int) -> list[str]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
     BccProbe,
     release_slots,
@@ -19,8 +19,11 @@ from tailsight.probes.bccprobe import (
     slot_ids,
     steer_slot_hint,
 )
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
-from tailsight.probes.outliers import DEFAULT_OUTLIER_FLOOR_NS, DEFAULT_OUTLIER_RATE_PER_S
+from tailsight.probes.outliers import (
+    DEFAULT_OUTLIER_FLOOR_NS,
+    DEFAULT_OUTLIER_RATE_PER_S,
+    outlier_counters,
+)
 
 PROBE_NAME: Final = "runqueue"
 # Index i of the kernel's runqueue_dropped_events array (DROP_* in runqueue.bpf.c).
@@ -42,6 +45,29 @@ SCHED_FIELDS: Final = {
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 DISPLACED_SWITCHES: Final = "runqueue_displaced_switches"
 DROPPED: Final = "runqueue_dropped_events"
+INFO: Final = ProbeInfo(
+    name=PROBE_NAME,
+    title="run-queue wait",
+    tracepoints=("sched_switch",),
+    series=(
+        SeriesInfo(
+            "wait",
+            "run-queue wait",
+            "Time a task waited on a run queue, from becoming runnable (woken or preempted) to "
+            "running, by cgroup; the kernel's own sched_info run_delay.",
+        ),
+    ),
+    counters=(
+        CounterInfo(
+            DISPLACED_WAIT,
+            "Run-queue wait of the victim cgroup's tasks while the aggressor cgroup's task held "
+            "the CPU (aggressor idle: the CPU was idle).",
+        ),
+        CounterInfo(DISPLACED_SWITCHES, "Switches in behind the aggressor, by victim."),
+        CounterInfo(DROPPED, f"Waits not counted, by reason ({', '.join(DROP_REASONS)})."),
+        *outlier_counters(PROBE_NAME),
+    ),
+)
 
 
 class RunQueueProbe(BccProbe):
@@ -54,7 +80,7 @@ class RunQueueProbe(BccProbe):
     """
 
     name = PROBE_NAME
-    tracepoints = PROBE_TRACEPOINTS[PROBE_NAME]
+    tracepoints = INFO.tracepoints
 
     def __init__(
         self,

@@ -25,7 +25,15 @@ import numpy as np
 
 from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
 from tailsight.hist import NUM_BUCKETS
-from tailsight.probes.base import Labels, LabelValue, Snapshot, labels
+from tailsight.probes.base import (
+    CounterInfo,
+    Labels,
+    LabelValue,
+    ProbeInfo,
+    SeriesInfo,
+    Snapshot,
+    labels,
+)
 from tailsight.probes.bccprobe import (
     MappedArray,
     delete_where,
@@ -34,7 +42,6 @@ from tailsight.probes.bccprobe import (
     slot_histograms,
     sync_cgroup_allow,
 )
-from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
 
 PROBE_NAME: Final = "tcpstate"
@@ -53,6 +60,34 @@ DROPPED: Final = "tcpstate_dropped_events"
 DROP_REASONS: Final = ("sock_table_full", "hist_full", "counter_full", "peer_counter_full")
 # KIND_* in tcpstate.bpf.c.
 KINDS: Final = ("time_in_state", "connect", "lifetime")
+INFO: Final = ProbeInfo(
+    name=PROBE_NAME,
+    title="TCP state time",
+    tracepoints=("inet_sock_set_state", "tcp_retransmit_skb"),
+    series=(
+        SeriesInfo(
+            "time_in_state",
+            "TCP time in state",
+            "Time a socket spent in one TCP state before the next, by cgroup and state pair.",
+            ("from_state", "to_state"),
+        ),
+        SeriesInfo("connect", "TCP connect time", "SYN_SENT to ESTABLISHED, by cgroup."),
+        SeriesInfo(
+            "lifetime",
+            "TCP connection lifetime",
+            "From the socket's birth (it left CLOSE, or a passive child of a LISTEN) to CLOSE.",
+        ),
+    ),
+    counters=(
+        CounterInfo(RETRANSMITS, "TCP retransmissions (skbs) by the cgroup's sockets."),
+        CounterInfo(RETRANSMIT_FAILURES, "Retransmission attempts the kernel reported failed."),
+        CounterInfo(
+            PEER_RETRANSMITS,
+            "Retransmits by the cgroup's sockets towards a local socket of the victim cgroup.",
+        ),
+        CounterInfo(DROPPED, f"Events not counted, by reason ({', '.join(DROP_REASONS)})."),
+    ),
+)
 # include/net/tcp_states.h
 TCP_STATES: Final = {
     1: "ESTABLISHED",
@@ -159,7 +194,7 @@ class TcpStateProbe:
                 PROBE_NAME,
                 lambda extra: compile_probe(PROBE_NAME, [*cflags, *extra]),
                 prepare,
-                PROBE_TRACEPOINTS[PROBE_NAME],
+                INFO.tracepoints,
             )
         except BaseException:
             self._bpf = None

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,13 +24,10 @@ from tailsight.cli.trace_view import (
     resolve_selection,
     terminal_keys,
 )
-from tailsight.probes.catalog import PROBE_CLASSES
 
 if TYPE_CHECKING:
     from tailsight.collector.wiring import LiveSession, LiveSource
     from tailsight.histfile import HistDocument
-
-KNOWN_PROBES: Final = tuple(PROBE_CLASSES)
 
 
 def open_session(
@@ -125,9 +122,7 @@ def run_live(
 def trace(
     probe: Annotated[
         list[str] | None,
-        typer.Option(
-            "--probe", help=f"Probe to attach (repeatable; default all: {', '.join(KNOWN_PROBES)})."
-        ),
+        typer.Option("--probe", help="Probe to attach (repeatable; default: every probe)."),
     ] = None,
     duration: Annotated[
         float | None, typer.Option("--duration", min=0.0, help="Seconds to run (default: Ctrl-C).")
@@ -151,9 +146,10 @@ def trace(
     from rich.console import Console
 
     from tailsight.collector.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
+    from tailsight.probes.catalog import PROBES
     from tailsight.probes.loader import PrivilegeError
 
-    probes = list(dict.fromkeys(probe or KNOWN_PROBES))
+    probes = list(dict.fromkeys(probe or PROBES))
     errors = Console(stderr=True)
     try:  # one message up front, not a compile failure per probe
         check_probes(probes)

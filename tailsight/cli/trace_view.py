@@ -28,12 +28,6 @@ if TYPE_CHECKING:
     from tailsight.histfile import HistDocument, Series
 
 VIEW_WIDTH: Final = 80
-PROBE_HEADINGS: Final = {
-    "runqueue": "run-queue wait",
-    "netsyscall": "socket syscall latency",
-    "tcpstate": "TCP state time",
-    "migration": "migrations",
-}
 # Sparkline columns: exact coarse buckets (each an upper bound of the 5 µs model), then "more".
 SPARK_BOUNDS_NS: Final = (
     5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
@@ -244,13 +238,15 @@ def render(
     from rich.console import Group
     from rich.text import Text
 
+    from tailsight.probes.catalog import probe_title
+
     live = height is not None
     grouped = by_probe(document)
     selected = selection.key if selection is not None else None
     # (priority, part): parts are left out from the lowest priority up when the height is short.
     parts: list[tuple[int, RenderableType]] = [(9, Text(title, style="bold"))]
     for probe, rows in grouped.items():
-        heading = PROBE_HEADINGS.get(probe, probe)
+        heading = probe_title(probe)
         table = _latency_table(f"{heading} ({probe})", rows, selected, 5 if live else None)
         parts.append((7 if selection is not None and probe == selection.probe else 5, table))
     if selection is not None and intervals:
@@ -518,7 +514,9 @@ def heatmap(
     bands (highest on top), shade = events in the interval; below, its exact per-interval P99."""
     from rich.text import Text
 
-    heading = PROBE_HEADINGS.get(selection.probe, selection.probe)
+    from tailsight.probes.catalog import probe_title
+
+    heading = probe_title(selection.probe)
     name = series_name(dict(selection.key))
     lines = [Text(f"{heading} ({selection.probe}): {name}", style="bold", overflow="fold")]
     room = width - _LABEL_WIDTH - 3

@@ -273,7 +273,7 @@ def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None
     console = Console(width=200, record=True)
     console.print(render(doc, "multi"))
     text = console.export_text()
-    assert "socket syscall latency (netsyscall)" in text and "run-queue wait (runqueue)" in text
+    assert "socket syscall time (netsyscall)" in text and "run-queue wait (runqueue)" in text
     assert "sendto" in text and "recvfrom" in text
 
 
@@ -317,9 +317,9 @@ def test_unprivileged_serve_and_record_say_root_or_capabilities_once(
 def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) -> None:
     """What serve and record get from every probe: the same clear error, before bcc runs."""
     code = (
-        "from tailsight.probes.catalog import PROBE_CLASSES, create_probe\n"
+        "from tailsight.probes.catalog import PROBES, create_probe\n"
         "from tailsight.probes.loader import PrivilegeError\n"
-        "for name in PROBE_CLASSES:\n"
+        "for name in PROBES:\n"
         "    try:\n"
         "        create_probe(name).attach()\n"
         "    except PrivilegeError as error:\n"

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tailsight.collector.exporter import GENERIC_HELP
 from tailsight.collector.store import Recording
-from tailsight.probes.catalog import PROBE_CLASSES
+from tailsight.probes.catalog import PROBES
 from tailsight.workload import Workload, private_base, python_task
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -134,7 +135,7 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
             time.sleep(0.5)
             with contextlib.suppress(OSError):
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
-        for probe in PROBE_CLASSES:
+        for probe in PROBES:
             assert f'tailsight_probe_attached{{probe="{probe}",' in body
             assert re.search(rf'tailsight_probe_attached{{probe="{probe}",[^}}]*}} 1\.0', body), (
                 probe
@@ -172,6 +173,13 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
     print(f"soak {elapsed:.0f} s: {exported:.0f} intervals (pace {pace:.2f}), {scrapes}")
     print(f"RSS KiB (s, agent): {rss}; symbolizer helper: {helper_rss}")
     assert pace >= 0.75, (exported, elapsed, stderr)
+    # Every family of a probe's series and counters, as a real agent exports them, carries the
+    # help of the probe's descriptor (probes/<name>.py INFO), not the exporter's generic line.
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", body, re.MULTILINE))
+    own = {n: h for n, h in helps.items() if n.split("_")[1] in PROBES}
+    assert len(own) >= 8, helps
+    generic = [n for n, h in own.items() if h.startswith(tuple(GENERIC_HELP.values()))]
+    assert not generic, generic
     assert metric(body, "tailsight_interval_errors_total") == 0, stderr
     assert 'tailsight_recording_up{reason=""} 1.0' in body, stderr
     assert (
