@@ -31,7 +31,10 @@ def test_exporter_help_and_names_come_from_the_descriptors() -> None:
     document = HistDocument(
         0,
         10**9,
-        [Series({"probe": "tcpstate", "cgroup": "/s", "kind": "connect"}, hist)],
+        [
+            Series({"probe": "tcpstate", "cgroup": "/s", "kind": "connect"}, hist),
+            Series({"probe": "runqueue", "cgroup": "/a"}, hist),
+        ],
         [Counter("runqueue_displaced_switches", {"probe": "runqueue", "victim": "/a"}, 5)],
     )
     exporter = PrometheusExporter()
@@ -42,7 +45,7 @@ def test_exporter_help_and_names_come_from_the_descriptors() -> None:
     assert helps["tailsight_tcpstate_connect_seconds"].startswith(connect.help)
     switches = PROBES["runqueue"].counter_info("runqueue_displaced_switches")
     assert switches is not None
-    assert helps["tailsight_runqueue_displaced_switches"] == switches.help
+    assert helps["tailsight_runqueue_displaced_switches_total"] == switches.help
 
 
 def test_series_titles() -> None:
