@@ -35,6 +35,8 @@ QUIET: Final = "quiet"
 """No injection: the victim alone; a right report holds no incident of the victim."""
 CPU: Final = 0
 INTERVAL_S: Final = 0.5
+FLIP_S: Final = 0.008
+"""How long the migrations fault leaves the victim on each CPU (the ceiling of its waits)."""
 SETTLE_S: Final = 1.0
 """Where the workload starts inside the recording: the start-up left out of what is explained."""
 HIGH_PRIORITY: Final = "import os\nos.setpriority(os.PRIO_PROCESS, 0, -19)\n"
@@ -210,14 +212,14 @@ def _nft_drop(port: int, percent: int) -> Iterator[None]:
 
 
 def _flip_affinity(pids: Sequence[int], cpus: Sequence[int], stop: threading.Event) -> None:
-    """Move the victim between CPUs every 2 ms (each move is a forced migration)."""
+    """Move the victim between CPUs every FLIP_S (each move is a forced migration)."""
     n = 0
     while not stop.is_set():
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, OSError):
                 os.sched_setaffinity(pid, {cpus[n % len(cpus)]})
         n += 1
-        time.sleep(0.002)
+        time.sleep(FLIP_S)
 
 
 def run_injection(
@@ -242,15 +244,17 @@ def run_injection(
             _task("victim", UNIX_CLIENT, socket_path, cpu=CPU),
         ]
     elif kind == "migrations":
-        # A steady neighbour spins on the other CPU all along; the victim has CPU 0 to itself
-        # until the flipping starts sending it there every other 2 ms, where each wake-up waits
-        # behind the spinner. Both at nice -19: with the victim at nice 0 and the spinner at -5,
-        # other load on CPU 0 gave the baseline waits as long as the fault's (CI, 3 Dec: no jump
-        # in 3 tries; reproduced with a nice-0 spinner on CPU 0). At -19 that reproduction went
-        # 2.1 -> 5.0 ms at P99 (34 us -> 2.1 ms without the intruder).
+        # A steady neighbour spins at nice -19 on the other CPU all along; the victim (nice 0)
+        # has CPU 0 to itself until the flipping sends it there for every other FLIP_S, where it
+        # barely runs: waits up to FLIP_S, far above what other load on CPU 0 gives it. With
+        # 2 ms flips (the waits' ceiling) and the spinner at nice -5, other load on CPU 0 gave
+        # the baseline waits as long as the fault's (CI, 3 Dec: no jump in 3 tries). 8 ms keeps
+        # the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms, 45: the spinner's
+        # displacement then ranked first). Here 6/6 top-1, 2 of them beside a nice-0 spinner on
+        # CPU 0 (P99 4.9 -> 19 ms, 8.1 -> 19 ms).
         other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
         tasks = [
-            _task("victim", VICTIM_CODE, cpu=CPU),
+            _task("victim", VICTIM_LOOP, cpu=CPU),
             _task("background", HOG_CODE, cpu=other),
         ]
     else:
