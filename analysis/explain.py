@@ -726,17 +726,34 @@ def _incident(
     # a call's or a connection's time: before circumstantial candidates (a neighbour's call
     # burst) of whatever effect size. Not for a run-queue wait: there they are a consequence
     # (a starved receiver acknowledges late; the demo saw 88 beside the hog that caused both).
+    # A run-queue wait mostly displaced by a cgroup that is not busy answering calls (a plain
+    # CPU hog) is explained by it: a neighbour's call burst at the same time is then a side
+    # effect (the demo's exchange polled 10x more while the hog slowed trading: CI ranked it
+    # first). When the displacer's own calls rose too, the calls may be the root cause.
     forced = {c.cgroup for c in causes if c.forced_migrations}
+    hogged = waiting and _displaced_by_a_hog(causes, mine)
     causes.sort(
         key=lambda c: (
             c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
             not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),
             c.kind == "displacement" and c.cgroup in forced,
+            hogged and c.kind == COUNTER_CAUSES[CALLS],
             not (c.cgroup in mine or c.cgroup not in cgroups or c.kind in LINKED),
             c.labels.get(OTHER_END, next(iter(mine), "")) not in mine,
         )
     )
     return Incident(shown, folded, causes, tested, sorted(cgroups))
+
+
+def _displaced_by_a_hog(causes: Sequence[Cause], mine: set[str]) -> bool:
+    """The largest rise of displaced wait of ``mine`` is by a cgroup (not the idle CPU) whose
+    calls did not burst at the same time."""
+    busy = {c.cgroup for c in causes if c.kind == COUNTER_CAUSES[CALLS]}
+    displaced = [c for c in causes if c.kind == "displacement" and c.cgroup in mine]
+    if not displaced:
+        return False
+    top = max(displaced, key=lambda c: c.after - c.before)
+    return top.labels.get("aggressor") not in busy | {IDLE_CGROUP_NAME}
 
 
 def _displaced_by_newcomer(jump: JumpExplanation) -> bool:

@@ -20,15 +20,16 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import IO, Final
 
 from tailsight.histfile import HistDocument
-from tailsight.workload import Task, Workload, private_base, python_task
+from tailsight.workload import Task, Workload, private_base, python_task, stop_process
 
 KINDS: Final = ("cpu_hog", "packet_loss", "migrations", "neighbour_syscalls", "own_cgroup")
 QUIET: Final = "quiet"
@@ -141,7 +142,7 @@ def _task(group: str, code: str, *args: str, cpu: int | None = None) -> Task:
     return Task(group, (*task.argv, *args), cpu)
 
 
-def _recorder(directory: Path) -> subprocess.Popen[bytes]:
+def _recorder(directory: Path, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     command = [
         str(Path(sys.executable).with_name("tailsight")),
         "record",
@@ -149,7 +150,7 @@ def _recorder(directory: Path) -> subprocess.Popen[bytes]:
         "--interval",
         str(INTERVAL_S),
     ]
-    recorder = subprocess.Popen(command, stderr=subprocess.PIPE)
+    recorder = subprocess.Popen(command, stderr=stderr)
     # Off the contended CPU and level with the spinners at nice -19, or its intervals stretch.
     others = os.sched_getaffinity(0) - {CPU}
     if others:
@@ -158,7 +159,26 @@ def _recorder(directory: Path) -> subprocess.Popen[bytes]:
     return recorder
 
 
-def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> None:
+def _threads(pid: int) -> str:
+    """Each thread's state, kernel wait channel and CPU time vs run-queue wait: whether a silent
+    recorder is stuck in the kernel or starved of CPU."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            comm = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (task / "wchan").read_text().strip() or "-"
+            run_ns, wait_ns, _ = (task / "schedstat").read_text().split()
+            lines.append(
+                f"{task.name} {comm} state {state} wchan {wchan} "
+                f"ran {int(run_ns) / 1e9:.1f} s waited {int(wait_ns) / 1e9:.1f} s"
+            )
+    return "\n".join(lines)
+
+
+def _wait_first_interval(
+    directory: Path, recorder: subprocess.Popen[bytes], stderr: IO[bytes]
+) -> None:
     from tailsight.collector.store import Recording
 
     deadline = time.monotonic() + 300.0
@@ -166,11 +186,14 @@ def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> 
         with contextlib.suppress(FileNotFoundError):
             if Recording(directory).documents():
                 return
-        if recorder.poll() is not None:
-            said = recorder.stderr.read().decode(errors="replace") if recorder.stderr else ""
-            raise RuntimeError(f"record exited: {said}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("record wrote no interval in 300 s (probes still compiling?)")
+        if recorder.poll() is not None or time.monotonic() > deadline:
+            stderr.seek(0)
+            said = stderr.read().decode(errors="replace")
+            if recorder.returncode is not None:
+                raise RuntimeError(f"record exited: {said}")
+            raise RuntimeError(
+                f"record wrote no interval in 300 s; it said:\n{said}\n{_threads(recorder.pid)}"
+            )
         time.sleep(0.1)
 
 
@@ -178,15 +201,13 @@ def _wait_first_interval(directory: Path, recorder: subprocess.Popen[bytes]) -> 
 def recording(directory: Path) -> Iterator[None]:
     """``tailsight record`` into ``directory`` (off the contended CPU) from its first interval
     until the block ends."""
-    recorder = _recorder(directory)
-    try:
-        _wait_first_interval(directory, recorder)
-        yield
-    finally:
-        recorder.terminate()
-        recorder.wait(timeout=20)
-        if recorder.stderr is not None:
-            recorder.stderr.close()
+    with tempfile.TemporaryFile() as stderr:
+        recorder = _recorder(directory, stderr)
+        try:
+            _wait_first_interval(directory, recorder, stderr)
+            yield
+        finally:
+            stop_process(recorder, timeout_s=20.0)
 
 
 @contextlib.contextmanager
@@ -260,19 +281,15 @@ def run_injection(
     else:
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
     with contextlib.ExitStack() as started:
-        if kind == "packet_loss":
-            # Recording first: the probes see the connection established, so they can tell
-            # which cgroup holds its other end (tcp_retransmits_to_peer).
-            started.enter_context(recording(directory))
-            load = started.enter_context(Workload(tasks, base=base))
-        else:
-            load = started.enter_context(Workload(tasks, base=base))
-            started.enter_context(recording(directory))
+        # Recording first, on a quiet machine: the probes compile in seconds (CI once saw a
+        # recorder beside the migrations spinner write nothing in 300 s), and they see the TCP
+        # connection established, so they can tell which cgroup holds its other end
+        # (tcp_retransmits_to_peer). The workload's start-up (imports, connect) is left out.
+        started.enter_context(recording(directory))
+        load = started.enter_context(Workload(tasks, base=base))
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
-        settled_ns = 0
-        if kind == "packet_loss":
-            time.sleep(SETTLE_S)  # start-up (imports, connect) is not part of the baseline
-            settled_ns = time.time_ns()
+        time.sleep(SETTLE_S)
+        settled_ns = time.time_ns()
         time.sleep(baseline_s)
         inject_ns = time.time_ns()
         culprit = victim

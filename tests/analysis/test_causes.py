@@ -402,3 +402,34 @@ def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more
     assert victims, report.render_text()
     first = victims[0].causes[0]
     assert (first.kind, first.cgroup) == ("neighbour_calls", "/neighbour"), report.render_text()
+
+
+def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wait() -> None:
+    """As in the demo: /noisy starts spinning on /trading's CPU and takes all of the rise of
+    /trading's run-queue wait; meanwhile /exchange (no displacer) polls 10x more. For a wait
+    for CPUs the hog is the answer, the calls a side effect (CI once ranked them first). The
+    counter-case (the displacer's own calls rose) is the flooding-neighbour test above."""
+    rng = np.random.default_rng(13)
+    calm = LatencyModel()
+    slow = calm.with_component(0.05, 6_000_000.0, 0.3)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/trading"},
+                   _hist(slow if late else calm, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (360e6 if late else 57e6) / 8)),
+                     victim="/trading", aggressor="/noisy"),
+            _counter("netsyscall_calls", "netsyscall", int(rng.poisson(1500 if late else 150)),
+                     cgroup="/exchange", syscall="recvfrom"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    causes = [(c.kind, c.cgroup, c.labels) for c in report.incidents[0].causes]
+    assert causes[0] == ("displacement", "/trading", {"aggressor": "/noisy"}), causes
+    assert ("neighbour_calls", "/exchange", {"syscall": "recvfrom"}) in causes, causes
