@@ -254,6 +254,7 @@ def run_injection(
     base = private_base(f"rca-{kind}")
     port = 20_000 + os.getpid() % 20_000
     socket_path = str(directory.parent / f"rca-{os.getpid()}.sock")
+    other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)  # the CPU the victim is not on
     if kind == "packet_loss":
         tasks = [
             _task("server", TCP_SERVER, str(port), "server"),
@@ -273,7 +274,6 @@ def run_injection(
         # the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms, 45: the spinner's
         # displacement then ranked first). Here 6/6 top-1, 2 of them beside a nice-0 spinner on
         # CPU 0 (P99 4.9 -> 19 ms, 8.1 -> 19 ms).
-        other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
         tasks = [
             _task("victim", VICTIM_LOOP, cpu=CPU),
             _task("background", HOG_CODE, cpu=other),
@@ -304,9 +304,8 @@ def run_injection(
                 time.sleep(fault_s)
         elif kind == "migrations":
             stop = threading.Event()
-            cpus = [CPU, max(os.sched_getaffinity(0) - {CPU}, default=CPU)]
             flipper = threading.Thread(
-                target=_flip_affinity, args=(load.pids("victim"), cpus, stop)
+                target=_flip_affinity, args=(load.pids("victim"), [CPU, other], stop)
             )
             flipper.start()
             try:
@@ -318,7 +317,6 @@ def run_injection(
             time.sleep(fault_s)
         else:  # neighbour_syscalls
             # On another CPU: the neighbour must hurt through the socket, not as a CPU hog.
-            other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)
             flood = [_task("neighbour", UNIX_FLOOD, socket_path, cpu=other)]
             with Workload(flood, base=base) as neighbour:
                 culprit = neighbour.cgroup_path("neighbour")

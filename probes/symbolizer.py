@@ -10,6 +10,7 @@ touched. One JSON line per request (``[pid, [address, ...]]``) and per answer (`
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -123,6 +124,7 @@ def shared_symbolizer() -> Symbolizer:
     global _shared
     if _shared is None:
         _shared = Symbolizer()
+        atexit.register(_shared.close)  # its helper would outlive us until its stdin closed
     return _shared
 
 

@@ -86,12 +86,14 @@ def churn(stop: threading.Event, created: list[int]) -> None:
     """A new cgroup with a busy process every second; each lives 3 s (three overlap)."""
     base = private_base("soak")
     alive: list[Workload] = []
+    shared: Path | None = None
     try:
         for n in itertools.count():
             if stop.wait(1.0):
                 break
             workload = Workload([python_task(f"c{n}", CHURN_CODE)], base=base)
             workload.start()
+            shared = workload.mount.joinpath(*base.split("/"))
             alive.append(workload)
             created.append(n)
             while len(alive) > 3:
@@ -99,6 +101,10 @@ def churn(stop: threading.Event, created: list[int]) -> None:
     finally:
         for workload in alive:
             workload.close()
+        # The first workload made the base and left it to the others when it closed.
+        if shared is not None:
+            with contextlib.suppress(OSError):
+                shared.rmdir()
 
 
 def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
