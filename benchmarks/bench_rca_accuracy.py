@@ -64,7 +64,11 @@ def one(kind: str, baseline_s: float, fault_s: float) -> tuple[Score, bool, floa
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         explain_s = time.perf_counter() - start
         headline = report.incidents[0].sentences()[0] if report.incidents else "(no incident)"
-        return score(report, injection), baseline_top1(report, injection), explain_s, headline
+        # A quiet recording has no injection time to be near: any incident of the victim counts
+        # (until 3 Dec only those within 3 s of its midpoint did, as for injections).
+        tolerance_s = math.inf if kind == QUIET else 3.0
+        result = score(report, injection, tolerance_s=tolerance_s)
+        return result, baseline_top1(report, injection), explain_s, headline
 
 
 def main() -> None:
@@ -96,8 +100,8 @@ def main() -> None:
         s, _, _, headline = one(QUIET, quiet_s / 2, quiet_s / 2)
         clean += not s.found
         any_incident += headline != "(no incident)"
-        print(f"  quiet [{n + 1}/{quiet_runs}] incident of the victim: {s.found}; first "
-              f"headline: {headline}", flush=True)  # fmt: skip
+        print(f"  quiet [{n + 1}/{quiet_runs}] incident of the victim: {s.found} (cause: "
+              f"{s.named}); first headline: {headline}", flush=True)  # fmt: skip
     print(f"quiet recordings ({quiet_runs} x {quiet_s:.0f} s, victim alone), Wilson 95 %: no "
           f"incident of the victim {Rate(clean, quiet_runs)}; no incident at all (machine's other "
           f"load included) {Rate(quiet_runs - any_incident, quiet_runs)}")  # fmt: skip
