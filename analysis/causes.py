@@ -46,7 +46,7 @@ from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.netsyscall import ERRORS
-from tailsight.probes.runqueue import DISPLACED_WAIT
+from tailsight.probes.runqueue import DISPLACED_WAIT, STEAL
 from tailsight.probes.tcpstate import PEER_RETRANSMITS, RETRANSMIT_FAILURES, RETRANSMITS
 
 MIGRATIONS: Final = MIGRATION_KINDS[0]
@@ -77,6 +77,7 @@ FORCED_MIGRATIONS: Final = 50.0
 forced (affinity or cpuset flipping) rather than the scheduler's own balancing."""
 FORCED_MIGRATIONS_RATIO: Final = 5.0
 WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
+STEAL_FLOOR_NS: Final = 10_000_000.0  # smoothing of steal ratios (one 10 ms tick per interval)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ class Cause:
                 f"{call} in {where} failed with {self.labels.get('errno', '?')} "
                 f"{self.before:.1f} -> {self.after:.1f} times per interval"
             )
+        if self.kind == "steal":
+            return (
+                f"the hypervisor ran something else on CPU {self.labels.get('cpu', '?')} "
+                f"(steal time, /proc/stat): {_ms(self.before)} -> {_ms(self.after)} ms per "
+                "interval"
+            )
         if self.kind == "displacement":
             aggressor = self.labels.get("aggressor", "?")
             if aggressor == self.cgroup:
@@ -236,7 +243,7 @@ class CounterTable:
 
 def wanted_counter(name: str) -> bool:
     """A counter that :func:`find_causes` tests."""
-    return name in COUNTER_CAUSES or name == DISPLACED_WAIT
+    return name in COUNTER_CAUSES or name in (DISPLACED_WAIT, STEAL)
 
 
 def find_causes(
@@ -288,6 +295,29 @@ def find_causes(
                     total_after=float(after_row.sum()),
                     p_value=p_value,
                     effect=effect,
+                    values=tuple(row.tolist()),
+                    intervals_before=n_before,
+                    intervals_after=n_after,
+                )
+            )
+            continue
+        if name == STEAL:
+            # Host-wide, per CPU: a candidate for any incident (explain ranks it for a wait
+            # mostly "displaced by idle", which is what steal looks like to the kernel).
+            if not after_row.mean() > before_row.mean():
+                continue
+            before, after = float(before_row.mean()), float(after_row.mean())
+            candidates.append(
+                Cause(
+                    kind="steal",
+                    cgroup="",
+                    labels={"cpu": labels.get("cpu", "?")},
+                    before=before,
+                    after=after,
+                    total_before=float(before_row.sum()),
+                    total_after=float(after_row.sum()),
+                    p_value=_shift_up_p_value(before_row, after_row),
+                    effect=math.log((after + STEAL_FLOOR_NS) / (before + STEAL_FLOOR_NS)),
                     values=tuple(row.tolist()),
                     intervals_before=n_before,
                     intervals_after=n_after,

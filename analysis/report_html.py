@@ -123,9 +123,10 @@ def cause_plot(cause: Cause, jump: JumpExplanation, width: int = PLOT_W) -> str:
     def y(value: float) -> float:
         return PLOT_TOP + (1.0 - value / (top * 1.1)) * span
 
-    unit = " ns" if cause.kind == "displacement" else ""
-    parts = [_svg_open(width, PLOT_H, f"cause: {cause.kind} in {cause.cgroup}")]
-    parts.append(f'<text x="{MARGIN_L}" y="14">{_e(cause.kind)} in {_e(cause.cgroup)}</text>')
+    unit = " ns" if cause.kind in ("displacement", "steal") else ""
+    where = cause.cgroup or f"CPU {cause.labels.get('cpu', '?')}"  # steal is per CPU
+    parts = [_svg_open(width, PLOT_H, f"cause: {cause.kind} in {where}")]
+    parts.append(f'<text x="{MARGIN_L}" y="14">{_e(cause.kind)} in {_e(where)}</text>')
     parts.append(
         f'<text x="{MARGIN_L - 4}" y="{y(top):.1f}" text-anchor="end">{top:,.0f}{unit}</text>'
     )

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -45,6 +47,7 @@ SCHED_FIELDS: Final = {
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 DISPLACED_SWITCHES: Final = "runqueue_displaced_switches"
 DROPPED: Final = "runqueue_dropped_events"
+STEAL: Final = "host_cpu_steal_ns"
 INFO: Final = ProbeInfo(
     name=PROBE_NAME,
     title="run-queue wait",
@@ -65,9 +68,31 @@ INFO: Final = ProbeInfo(
         ),
         CounterInfo(DISPLACED_SWITCHES, "Switches in behind the aggressor, by victim."),
         CounterInfo(DROPPED, f"Waits not counted, by reason ({', '.join(DROP_REASONS)})."),
+        CounterInfo(
+            STEAL,
+            "Time the hypervisor ran something else on this virtual CPU (steal time from "
+            "/proc/stat), by CPU: to the kernel the CPU looked idle, so its waits show as "
+            "displaced by idle.",
+        ),
         *outlier_counters(PROBE_NAME),
     ),
 )
+
+
+def read_steal_ns(proc_root: Path | str = "/proc") -> dict[int, int]:
+    """Per-CPU steal time in ns since boot (``cpuN`` lines of ``<proc_root>/stat``, 8th value,
+    in USER_HZ ticks); empty where the kernel does not say."""
+    try:
+        text = (Path(proc_root) / "stat").read_text(encoding="ascii")
+    except OSError:
+        return {}
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    steal: dict[int, int] = {}
+    for line in text.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and len(values) >= 8:
+            steal[int(name[3:])] = int(values[7]) * tick_ns
+    return steal
 
 
 class RunQueueProbe(BccProbe):
@@ -140,6 +165,8 @@ class RunQueueProbe(BccProbe):
         self.outliers.drain()
         self.outliers.update_thresholds(wait)
         counters.update(self.outliers.counters(PROBE_NAME))
+        for cpu, steal_ns in read_steal_ns().items():
+            counters[(STEAL, labels(cpu=str(cpu)))] = steal_ns
         histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in wait.items()}
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
 

@@ -433,3 +433,55 @@ def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wa
     causes = [(c.kind, c.cgroup, c.labels) for c in report.incidents[0].causes]
     assert causes[0] == ("displacement", "/trading", {"aggressor": "/noisy"}), causes
     assert ("neighbour_calls", "/exchange", {"syscall": "recvfrom"}) in causes, causes
+
+
+def _steal_documents(hog: bool, seed: int) -> list[HistDocument]:
+    """/victim's run-queue wait rises from interval 30. Without ``hog``: it waits while its CPU
+    looks idle (displaced by idle) as CPU 0's steal time rises 40 -> 400 ms per interval (as in
+    the quiet runs on this VM). With ``hog``: /hog displaces it, and steal rises a little on
+    CPU 1 at the same time (background). CPU 1's steal is steady in the first case."""
+    rng = np.random.default_rng(seed)
+    calm = LatencyModel()
+    slow = calm.with_component(0.05, 400_000.0, 0.3)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(slow if late else calm, rng, 3000)),
+        ]  # fmt: skip
+        steal_0 = rng.gamma(8, (400e6 if late and not hog else 40e6) / 8)
+        steal_1 = rng.gamma(8, (80e6 if late and hog else 40e6) / 8)
+        aggressor = "/hog" if hog else "idle"
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (5e6 if late else 0.2e6) / 8)),
+                     victim="/victim", aggressor=aggressor),
+            _counter("host_cpu_steal_ns", "runqueue", int(steal_0), cpu="0"),
+            _counter("host_cpu_steal_ns", "runqueue", int(steal_1), cpu="1"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    # Counters are per-interval deltas in documents; steal rows are what the probe's deltas give.
+    return documents
+
+
+def test_steal_time_explains_a_wait_displaced_by_idle() -> None:
+    """On a VM the hypervisor running another guest looks idle to the kernel: the victim's wait
+    rises "displaced by idle". CPU 0's steal rising at the same time is the cause, named with
+    its CPU and in words; CPU 1's steady steal is no candidate."""
+    report = explain_documents(_steal_documents(hog=False, seed=17), config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    causes = report.incidents[0].causes
+    assert (causes[0].kind, causes[0].labels) == ("steal", {"cpu": "0"}), causes
+    assert not [c for c in causes if c.kind == "steal" and c.labels == {"cpu": "1"}]
+    words = " ".join(report.render_text().split())
+    assert "Likely cause: the hypervisor ran something else on CPU 0 (steal time" in words
+
+
+def test_steal_time_ranks_after_a_hog_that_displaced_the_wait() -> None:
+    """Steal that rises beside a real hog (CPU 1: 40 -> 80 ms per interval) is background."""
+    report = explain_documents(_steal_documents(hog=True, seed=19), config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    causes = [(c.kind, c.labels) for c in report.incidents[0].causes]
+    assert causes[0] == ("displacement", {"aggressor": "/hog"}), causes

@@ -18,8 +18,10 @@ from tailsight.probes.runqueue import (
     DISPLACED_SWITCHES,
     DISPLACED_WAIT,
     DROPPED,
+    STEAL,
     RunQueueProbe,
     expected_tracepoint_args,
+    read_steal_ns,
     top_pairs,
 )
 from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
@@ -126,6 +128,23 @@ def test_wait_matches_schedstat_and_names_the_neighbour(probe: RunQueueProbe) ->
     assert _charged(interval, DISPLACED_WAIT, victim, neighbour) > 1e6
     assert _charged(interval, DISPLACED_WAIT, neighbour, victim) > 1e6
     assert dropped["slots_full"] == 0
+    # Steal time of every CPU the kernel lists, read beside the waits.
+    cpus = {line.split()[0][3:] for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("cpu") and line[3].isdigit()}  # fmt: skip
+    assert {dict(key)["cpu"] for (name, key) in after.counters if name == STEAL} == cpus
+
+
+def test_steal_is_read_per_cpu_in_ns(tmp_path: Path) -> None:
+    """/proc/stat's 8th value per CPU, in USER_HZ ticks; the all-CPU line is left out."""
+    (tmp_path / "stat").write_text(
+        "cpu  10 0 5 100 0 0 0 29 0 0\n"
+        "cpu0 5 0 2 50 0 0 0 13 0 0\n"
+        "cpu1 5 0 3 50 0 0 0 17 0 0\n"
+        "intr 12345\n"
+    )
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    assert read_steal_ns(tmp_path) == {0: 13 * tick_ns, 1: 17 * tick_ns}
+    assert read_steal_ns(tmp_path / "missing") == {}
 
 
 @pytest.mark.kernel
