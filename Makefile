@@ -25,7 +25,8 @@ bench: setup  ## benchmarks (figures with same-run baselines)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
 
 # Latency gate of two revisions (docs/ci-gate.md): RUNS per side, DURATION s per run, same
-# PLACEMENT (replay --placement) for both; GATE_ARGS go to tailsight gate. Run `make setup` first.
+# PLACEMENT (replay --placement) for both; BLOCK runs per replay invocation (default 5; 1:
+# A B A B ..., each run its own set-up); GATE_ARGS go to tailsight gate. Run `make setup` first.
 RUNS ?= 30
 DURATION ?= 5
 PLACEMENT ?=
@@ -33,7 +34,8 @@ GATE_ARGS ?=
 gate:  ## make gate BASE=<rev> CAND=<rev>: interleaved replays of both, then tailsight gate
 	@test -n "$(BASE)" -a -n "$(CAND)" || { echo "usage: make gate BASE=<rev> CAND=<rev>"; exit 2; }
 	$(PY) scripts/gate_revs.py --base "$(BASE)" --cand "$(CAND)" --runs $(RUNS) \
-		--duration $(DURATION) $(if $(PLACEMENT),--placement "$(PLACEMENT)") -- $(GATE_ARGS)
+		--duration $(DURATION) $(if $(PLACEMENT),--placement "$(PLACEMENT)") \
+		$(if $(BLOCK),--block $(BLOCK)) -- $(GATE_ARGS)
 
 lint: setup  ## ruff + mypy
 	$(VENV)/bin/ruff check .

@@ -78,6 +78,10 @@ def test_workflow_gate_step_passes_head_against_itself(kernel_ready: None, tmp_p
             "RUNS": "5",
             "DURATION": "1",
             "GATE_ARGS": "--min-effect 0.5",  # 5 runs of 1 s cannot show a 5 % bound
+            # One run per block, A B A B ...: in one block per side a disturbance of the shared
+            # machine hit only the candidate's five runs (CI, 3 Dec: every stage 2.5-16x
+            # slower, P99 5.9x, a false regression of HEAD against itself).
+            "BLOCK": "1",
             "VENV": str(REPO / ".venv"),
         }
         command = step["run"].replace("sudo ", "")
