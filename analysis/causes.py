@@ -279,50 +279,18 @@ def find_causes(
         before_row, after_row = row[windows.before], row[windows.after]
         if name == DISPLACED_WAIT:
             victim = labels.get("victim", "")
-            if victim not in cgroups or not after_row.sum() > before_row.sum() * n_after / n_before:
-                continue
-            p_value = _shift_up_p_value(before_row, after_row)
-            before, after = float(before_row.mean()), float(after_row.mean())
-            effect = math.log((after + WAIT_FLOOR_NS) / (before + WAIT_FLOOR_NS))
-            candidates.append(
-                Cause(
-                    kind="displacement",
-                    cgroup=victim,
-                    labels={"aggressor": labels.get("aggressor", "?")},
-                    before=before,
-                    after=after,
-                    total_before=float(before_row.sum()),
-                    total_after=float(after_row.sum()),
-                    p_value=p_value,
-                    effect=effect,
-                    values=tuple(row.tolist()),
-                    intervals_before=n_before,
-                    intervals_after=n_after,
+            if victim in cgroups and after_row.sum() > before_row.sum() * n_after / n_before:
+                aggressor = {"aggressor": labels.get("aggressor", "?")}
+                candidates.append(
+                    _rise_of_time("displacement", victim, aggressor, row, windows, WAIT_FLOOR_NS)
                 )
-            )
             continue
         if name == STEAL:
             # Host-wide, per CPU: a candidate for any incident (explain ranks it for a wait
             # mostly "displaced by idle", which is what steal looks like to the kernel).
-            if not after_row.mean() > before_row.mean():
-                continue
-            before, after = float(before_row.mean()), float(after_row.mean())
-            candidates.append(
-                Cause(
-                    kind="steal",
-                    cgroup="",
-                    labels={"cpu": labels.get("cpu", "?")},
-                    before=before,
-                    after=after,
-                    total_before=float(before_row.sum()),
-                    total_after=float(after_row.sum()),
-                    p_value=_shift_up_p_value(before_row, after_row),
-                    effect=math.log((after + STEAL_FLOOR_NS) / (before + STEAL_FLOOR_NS)),
-                    values=tuple(row.tolist()),
-                    intervals_before=n_before,
-                    intervals_after=n_after,
-                )
-            )
+            if after_row.mean() > before_row.mean():
+                cpu = {"cpu": labels.get("cpu", "?")}
+                candidates.append(_rise_of_time("steal", "", cpu, row, windows, STEAL_FLOOR_NS))
             continue
         cgroup = labels.get("cgroup", "")
         inside = cgroup in cgroups
@@ -385,6 +353,34 @@ def _with_known_peers(
         if name == RETRANSMITS and dict(key).get("cgroup", "") in known:
             out[(name, key)] = np.maximum(row - known[dict(key).get("cgroup", "")], 0.0)
     return out
+
+
+def _rise_of_time(
+    kind: str,
+    cgroup: str,
+    labels: dict[str, str],
+    row: npt.NDArray[np.float64],
+    windows: Windows,
+    floor_ns: float,
+) -> Cause:
+    """A cause from a per-interval time (ns) that rose: Mann-Whitney on the intervals, effect the
+    log of the after/before means smoothed by ``floor_ns``."""
+    before_row, after_row = row[windows.before], row[windows.after]
+    before, after = float(before_row.mean()), float(after_row.mean())
+    return Cause(
+        kind=kind,
+        cgroup=cgroup,
+        labels=labels,
+        before=before,
+        after=after,
+        total_before=float(before_row.sum()),
+        total_after=float(after_row.sum()),
+        p_value=_shift_up_p_value(before_row, after_row),
+        effect=math.log((after + floor_ns) / (before + floor_ns)),
+        values=tuple(row.tolist()),
+        intervals_before=len(before_row),
+        intervals_after=len(after_row),
+    )
 
 
 def _shift_up_p_value(before: npt.NDArray[np.float64], after: npt.NDArray[np.float64]) -> float:

@@ -731,11 +731,13 @@ def _incident(
     # effect (the demo's exchange polled 10x more while the hog slowed trading: CI ranked it
     # first). When the displacer's own calls rose too, the calls may be the root cause.
     forced = {c.cgroup for c in causes if c.forced_migrations}
-    hogged = waiting and _displaced_by_a_hog(causes, mine)
+    top = _top_aggressor(causes, mine) if waiting else None
+    busy = {c.cgroup for c in causes if c.kind == COUNTER_CAUSES[CALLS]}
+    hogged = top is not None and top not in busy | {IDLE_CGROUP_NAME}
     # Steal time answers a wait mostly "displaced by idle" (the kernel saw the vCPU idle while
     # the hypervisor ran another guest: 26-40 % of CPU 0 in quiet runs here); otherwise it is
     # background, after the rest.
-    stolen = waiting and _top_aggressor(causes, mine) == IDLE_CGROUP_NAME
+    stolen = top == IDLE_CGROUP_NAME
     causes.sort(
         key=lambda c: (
             c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
@@ -756,14 +758,6 @@ def _top_aggressor(causes: Sequence[Cause], mine: set[str]) -> str | None:
     if not displaced:
         return None
     return max(displaced, key=lambda c: c.after - c.before).labels.get("aggressor")
-
-
-def _displaced_by_a_hog(causes: Sequence[Cause], mine: set[str]) -> bool:
-    """The largest rise of displaced wait of ``mine`` is by a cgroup (not the idle CPU) whose
-    calls did not burst at the same time."""
-    busy = {c.cgroup for c in causes if c.kind == COUNTER_CAUSES[CALLS]}
-    top = _top_aggressor(causes, mine)
-    return top is not None and top not in busy | {IDLE_CGROUP_NAME}
 
 
 def _displaced_by_newcomer(jump: JumpExplanation) -> bool:

@@ -4,6 +4,8 @@ syscalls start failing, and two unrelated incidents that must stay apart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tailsight.analysis.eval import LatencyModel
@@ -404,30 +406,42 @@ def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more
     assert (first.kind, first.cgroup) == ("neighbour_calls", "/neighbour"), report.render_text()
 
 
+def _run_queue_jump(
+    cgroup: str,
+    slow: LatencyModel,
+    rng: np.random.Generator,
+    counters: Callable[[bool], list[Counter]],
+) -> list[HistDocument]:
+    """60 intervals of ``cgroup``'s run-queue wait, calm then ``slow`` from interval 30, with
+    ``counters(late)`` drawn after each interval's histogram."""
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        hist = _hist(slow if late else LatencyModel(), rng, 3000)
+        series = [Series({"probe": "runqueue", "cgroup": cgroup}, hist)]
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters(late)))
+    return documents
+
+
 def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wait() -> None:
     """As in the demo: /noisy starts spinning on /trading's CPU and takes all of the rise of
     /trading's run-queue wait; meanwhile /exchange (no displacer) polls 10x more. For a wait
     for CPUs the hog is the answer, the calls a side effect (CI once ranked them first). The
     counter-case (the displacer's own calls rose) is the flooding-neighbour test above."""
     rng = np.random.default_rng(13)
-    calm = LatencyModel()
-    slow = calm.with_component(0.05, 6_000_000.0, 0.3)
-    documents = []
-    for t in range(60):
-        late = t >= 30
-        series = [
-            Series({"probe": "runqueue", "cgroup": "/trading"},
-                   _hist(slow if late else calm, rng, 3000)),
-        ]  # fmt: skip
-        counters = [
+
+    def counters(late: bool) -> list[Counter]:
+        return [
             _counter("runqueue_displaced_wait_ns", "runqueue",
                      int(rng.gamma(8, (360e6 if late else 57e6) / 8)),
                      victim="/trading", aggressor="/noisy"),
             _counter("netsyscall_calls", "netsyscall", int(rng.poisson(1500 if late else 150)),
                      cgroup="/exchange", syscall="recvfrom"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+
+    slow = LatencyModel().with_component(0.05, 6_000_000.0, 0.3)
+    documents = _run_queue_jump("/trading", slow, rng, counters)
     report = explain_documents(documents, config=CONFIG)
     assert len(report.incidents) == 1, report.render_text()
     causes = [(c.kind, c.cgroup, c.labels) for c in report.incidents[0].causes]
@@ -441,29 +455,20 @@ def _steal_documents(hog: bool, seed: int) -> list[HistDocument]:
     the quiet runs on this VM). With ``hog``: /hog displaces it, and steal rises a little on
     CPU 1 at the same time (background). CPU 1's steal is steady in the first case."""
     rng = np.random.default_rng(seed)
-    calm = LatencyModel()
-    slow = calm.with_component(0.05, 400_000.0, 0.3)
-    documents = []
-    for t in range(60):
-        late = t >= 30
-        series = [
-            Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(slow if late else calm, rng, 3000)),
-        ]  # fmt: skip
+
+    def counters(late: bool) -> list[Counter]:
         steal_0 = rng.gamma(8, (400e6 if late and not hog else 40e6) / 8)
         steal_1 = rng.gamma(8, (80e6 if late and hog else 40e6) / 8)
-        aggressor = "/hog" if hog else "idle"
-        counters = [
+        return [
             _counter("runqueue_displaced_wait_ns", "runqueue",
                      int(rng.gamma(8, (5e6 if late else 0.2e6) / 8)),
-                     victim="/victim", aggressor=aggressor),
+                     victim="/victim", aggressor="/hog" if hog else "idle"),
             _counter("host_cpu_steal_ns", "runqueue", int(steal_0), cpu="0"),
             _counter("host_cpu_steal_ns", "runqueue", int(steal_1), cpu="1"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    # Counters are per-interval deltas in documents; steal rows are what the probe's deltas give.
-    return documents
+
+    slow = LatencyModel().with_component(0.05, 400_000.0, 0.3)
+    return _run_queue_jump("/victim", slow, rng, counters)
 
 
 def test_steal_time_explains_a_wait_displaced_by_idle() -> None:
