@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
@@ -51,6 +53,17 @@ VICTIM_LOOP: Final = (
 )
 VICTIM_CODE: Final = HIGH_PRIORITY + VICTIM_LOOP
 HOG_CODE: Final = HIGH_PRIORITY + "while True: pass\n"
+# The migrations fault's steady neighbour: spins 7 ms, sleeps 1 ms. It shares its CPU with the
+# recorder; beside one that never slept, official CI twice saw the recorder stall for the whole
+# fault (cause not found: here a nice-0 sleeper beside it wakes within 4 ms). The gap leaves that
+# CPU idle now and then for whatever else must run there.
+NEIGHBOUR_CODE: Final = HIGH_PRIORITY + (
+    "import time\n"
+    "while True:\n"
+    "    end = time.perf_counter() + 0.007\n"
+    "    while time.perf_counter() < end: pass\n"
+    "    time.sleep(0.001)\n"
+)
 # A socket belongs to the cgroup of the task that created it (an accepted one to its listener's):
 # the TCP ends create theirs only once Workload has moved them into their cgroup (argv[3]).
 IN_MY_CGROUP: Final = (
@@ -159,21 +172,91 @@ def _recorder(directory: Path, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     return recorder
 
 
+WATCH_S: Final = 0.5
+"""How often :class:`RecorderWatch` samples the recorder's threads."""
+
+
+class RecorderStalled(RuntimeError):
+    """The recording holds too little of the workload: the recorder stopped writing intervals."""
+
+
+@dataclass(frozen=True)
+class _TaskState:
+    comm: str
+    state: str
+    where: str
+    """Its innermost kernel frames (``/proc/…/stack``, root only), else its wait channel."""
+    ran_s: float
+    waited_s: float
+    """Run-queue wait (schedstat): starved of CPU rather than stuck in the kernel."""
+
+    def __str__(self) -> str:
+        return f"{self.comm} {self.state} in {self.where}"
+
+
+def _task_states(pid: int) -> list[_TaskState]:
+    """Every thread of ``pid`` and of its children (the symbolizer helper)."""
+    pids = [pid]
+    with contextlib.suppress(OSError, ValueError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    states = []
+    for owner in pids:
+        for task in sorted(Path(f"/proc/{owner}/task").glob("*")):
+            with contextlib.suppress(OSError, ValueError):
+                comm = (task / "comm").read_text().strip()
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                run_ns, wait_ns, _ = (task / "schedstat").read_text().split()
+                states.append(
+                    _TaskState(
+                        f"{comm}/{task.name}",
+                        state,
+                        _kernel_frames(task),
+                        int(run_ns) / 1e9,
+                        int(wait_ns) / 1e9,
+                    )
+                )
+    return states
+
+
+def _kernel_frames(task: Path) -> str:
+    try:
+        lines = (task / "stack").read_text().splitlines()[:3]
+    except OSError:
+        lines = []
+    frames = [re.sub(r"\+0x.*", "", line.split()[-1]) for line in lines if line.strip()]
+    if frames:
+        return " < ".join(frames)
+    return (task / "wchan").read_text().strip() or "-"
+
+
 def _threads(pid: int) -> str:
-    """Each thread's state, kernel wait channel and CPU time vs run-queue wait: whether a silent
-    recorder is stuck in the kernel or starved of CPU."""
-    lines = []
-    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
-        with contextlib.suppress(OSError):
-            comm = (task / "comm").read_text().strip()
-            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            wchan = (task / "wchan").read_text().strip() or "-"
-            run_ns, wait_ns, _ = (task / "schedstat").read_text().split()
-            lines.append(
-                f"{task.name} {comm} state {state} wchan {wchan} "
-                f"ran {int(run_ns) / 1e9:.1f} s waited {int(wait_ns) / 1e9:.1f} s"
-            )
-    return "\n".join(lines)
+    """Each thread's state, kernel frames, CPU time and run-queue wait, one line each."""
+    return "\n".join(
+        f"{t} ran {t.ran_s:.1f} s waited {t.waited_s:.1f} s" for t in _task_states(pid)
+    )
+
+
+@dataclass
+class RecorderWatch:
+    """What the recorder's threads did while it recorded, sampled every WATCH_S: where a
+    recorder that stopped writing intervals was (CI could not tell, twice)."""
+
+    pid: int
+    seen: Counter[str] = field(default_factory=Counter)
+    samples: int = 0
+    said: str = ""
+    """The recorder's stderr, once it has stopped."""
+
+    def run(self, done: threading.Event) -> None:
+        while not done.wait(WATCH_S):
+            self.seen.update(str(t) for t in _task_states(self.pid))
+            self.samples += 1
+
+    def summary(self) -> str:
+        lines = [f"the recorder's threads, sampled {self.samples} times every {WATCH_S} s:"]
+        lines += [f"  {n:4d}x {state}" for state, n in self.seen.most_common(12)]
+        lines += ["it said:", self.said[-3000:]]
+        return "\n".join(lines)
 
 
 def _wait_first_interval(
@@ -198,16 +281,25 @@ def _wait_first_interval(
 
 
 @contextlib.contextmanager
-def recording(directory: Path) -> Iterator[None]:
+def recording(directory: Path) -> Iterator[RecorderWatch]:
     """``tailsight record`` into ``directory`` (off the contended CPU) from its first interval
-    until the block ends."""
+    until the block ends, watched."""
     with tempfile.TemporaryFile() as stderr:
         recorder = _recorder(directory, stderr)
+        watch = RecorderWatch(recorder.pid)
+        done = threading.Event()
+        sampler = threading.Thread(target=watch.run, args=(done,), daemon=True)
         try:
             _wait_first_interval(directory, recorder, stderr)
-            yield
+            sampler.start()
+            yield watch
         finally:
+            done.set()
+            if sampler.is_alive():
+                sampler.join()
             stop_process(recorder, timeout_s=20.0)
+            stderr.seek(0)
+            watch.said = stderr.read().decode(errors="replace")
 
 
 @contextlib.contextmanager
@@ -266,17 +358,16 @@ def run_injection(
             _task("victim", UNIX_CLIENT, socket_path, cpu=CPU),
         ]
     elif kind == "migrations":
-        # A steady neighbour spins at nice -19 on the other CPU all along; the victim (nice 0)
-        # has CPU 0 to itself until the flipping sends it there for every other FLIP_S, where it
-        # barely runs: waits up to FLIP_S, far above what other load on CPU 0 gives it. With
-        # 2 ms flips (the waits' ceiling) and the spinner at nice -5, other load on CPU 0 gave
-        # the baseline waits as long as the fault's (CI, 3 Dec: no jump in 3 tries). 8 ms keeps
-        # the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms, 45: the spinner's
-        # displacement then ranked first). Here 6/6 top-1, 2 of them beside a nice-0 spinner on
-        # CPU 0 (P99 4.9 -> 19 ms, 8.1 -> 19 ms).
+        # A steady neighbour (NEIGHBOUR_CODE) runs at nice -19 on the other CPU all along; the
+        # victim (nice 0) has CPU 0 to itself until the flipping sends it there for every other
+        # FLIP_S, where it barely runs: waits up to FLIP_S, far above what other load on CPU 0
+        # gives it. With 2 ms flips (the waits' ceiling) and the spinner at nice -5, other load
+        # on CPU 0 gave the baseline waits as long as the fault's (CI, 3 Dec: no jump in 3
+        # tries). 8 ms keeps the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms,
+        # 45: the spinner's displacement then ranked first).
         tasks = [
             _task("victim", VICTIM_LOOP, cpu=CPU),
-            _task("background", HOG_CODE, cpu=other),
+            _task("background", NEIGHBOUR_CODE, cpu=other),
         ]
     else:
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
@@ -285,7 +376,7 @@ def run_injection(
         # recorder beside the migrations spinner write nothing in 300 s), and they see the TCP
         # connection established, so they can tell which cgroup holds its other end
         # (tcp_retransmits_to_peer). The workload's start-up (imports, connect) is left out.
-        started.enter_context(recording(directory))
+        watch = started.enter_context(recording(directory))
         load = started.enter_context(Workload(tasks, base=base))
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
         time.sleep(SETTLE_S)
@@ -331,12 +422,20 @@ def run_injection(
         "neighbour_syscalls": ("neighbour_calls",),
         QUIET: (),
     }[kind]
+    # The first interval of a recording holds, for the probe attached first, every event since
+    # its attach (the other probes compile meanwhile; collector/agent.py dates the interval from
+    # the last attach): an outlier that is not part of the workload.
+    documents = [d for d in Recording(directory).documents()[1:] if d.start_ns >= settled_ns]
+    wanted = (baseline_s + fault_s) / INTERVAL_S
+    longest_s = max((d.end_ns - d.start_ns for d in documents), default=0) / 1e9
+    if len(documents) < 0.8 * wanted or longest_s > 5 * INTERVAL_S:
+        raise RecorderStalled(
+            f"the recording holds {len(documents)} of the workload's {wanted:.0f} intervals, "
+            f"the longest {longest_s:.1f} s: the recorder stalled\n{watch.summary()}"
+        )
     return Injection(
         kind=kind,
-        # The first interval of a recording holds, for the probe attached first, every event
-        # since its attach (the other probes compile meanwhile; collector/agent.py dates the
-        # interval from the last attach): an outlier that is not part of the workload.
-        documents=[d for d in Recording(directory).documents()[1:] if d.start_ns >= settled_ns],
+        documents=documents,
         inject_ns=inject_ns,
         victim=victim,
         culprit=culprit,

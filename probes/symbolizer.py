@@ -17,6 +17,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import IO, Final
 
@@ -25,15 +26,26 @@ RECYCLE_PIDS: Final = 32
 """Distinct pids one helper serves before it is replaced (bounds its caches at ~30 MiB)."""
 ANSWER_TIMEOUT_S: Final = 5.0
 """A helper that takes longer (a huge binary, a stuck /proc read) is killed; frames unknown."""
+REST_S: Final = 30.0
+"""After a timeout, frames read unknown without asking for this long: a slow machine must not
+stall the agent ANSWER_TIMEOUT_S per stack, interval after interval."""
 
 
 class Symbolizer:
     """``resolve(pid, addresses) -> names``; thread-safe, never raises for a failed helper."""
 
-    def __init__(self, recycle_pids: int = RECYCLE_PIDS) -> None:
+    def __init__(
+        self,
+        recycle_pids: int = RECYCLE_PIDS,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        rest_s: float = REST_S,
+    ) -> None:
         self.recycle_pids = recycle_pids
+        self.answer_timeout_s = answer_timeout_s
+        self.rest_s = rest_s
         self.helpers_started = 0
         self.failures = 0
+        self._resting_until = 0.0
         self._lock = threading.Lock()
         self._helper: subprocess.Popen[bytes] | None = None
         self._pids: set[int] = set()
@@ -42,6 +54,8 @@ class Symbolizer:
         if not addresses:
             return []
         with self._lock:
+            if time.monotonic() < self._resting_until:
+                return [UNKNOWN_FRAME] * len(addresses)
             if pid not in self._pids and len(self._pids) >= self.recycle_pids:
                 self._retire()
             for _ in range(2):  # a helper that died (killed, OOM) gets one fresh successor
@@ -52,7 +66,9 @@ class Symbolizer:
                     self.failures += 1
                     self._retire()
                     if isinstance(error, TimeoutError):
-                        break  # slow to symbolize, not dead: do not stall the caller twice
+                        # Slow, not dead: do not stall the caller twice, nor the next callers.
+                        self._resting_until = time.monotonic() + self.rest_s
+                        break
             return [UNKNOWN_FRAME] * len(addresses)
 
     def close(self) -> None:
@@ -68,7 +84,7 @@ class Symbolizer:
         assert helper.stdin is not None and helper.stdout is not None
         helper.stdin.write(json.dumps([pid, list(addresses)]).encode() + b"\n")
         helper.stdin.flush()
-        line = _read_line(helper.stdout, ANSWER_TIMEOUT_S)
+        line = _read_line(helper.stdout, self.answer_timeout_s)
         names = json.loads(line)
         if not isinstance(names, list) or len(names) != len(addresses):
             raise ValueError(f"symbolizer answered {line[:80]!r}")

@@ -5,8 +5,10 @@ bcc's per-pid state (caches, fds) left in the calling process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,5 +106,30 @@ def test_a_killed_helper_is_replaced_and_a_gone_pid_reads_unknown(targets: list[
         gone.close()
         assert symbolizer.resolve(gone.proc.pid, gone.addresses) == [UNKNOWN_FRAME] * 2
         assert symbolizer.resolve(first.proc.pid, []) == []
+    finally:
+        symbolizer.close()
+
+
+def test_a_stuck_helper_costs_one_timeout_then_frames_read_unknown_for_a_while(
+    targets: list[Target],
+) -> None:
+    symbolizer = Symbolizer(answer_timeout_s=0.5, rest_s=2.0)
+    try:
+        first = targets[0]
+        assert names_ok(symbolizer.resolve(first.proc.pid, first.addresses))
+        assert symbolizer.helper_pid is not None
+        stuck = symbolizer.helper_pid
+        os.kill(stuck, signal.SIGSTOP)  # alive, never answers
+        started = time.monotonic()
+        assert symbolizer.resolve(first.proc.pid, first.addresses) == [UNKNOWN_FRAME] * 2
+        assert 0.5 <= time.monotonic() - started < 1.5  # one timeout, no second try
+        assert not Path(f"/proc/{stuck}").exists()  # killed and reaped
+        started = time.monotonic()
+        for target in targets:  # resting: no helper, no wait
+            assert symbolizer.resolve(target.proc.pid, target.addresses) == [UNKNOWN_FRAME] * 2
+        assert time.monotonic() - started < 0.2 and symbolizer.helper_pid is None
+        time.sleep(2.0)
+        assert names_ok(symbolizer.resolve(first.proc.pid, first.addresses))
+        assert symbolizer.helpers_started == 2 and symbolizer.failures == 1
     finally:
         symbolizer.close()
