@@ -238,25 +238,70 @@ def _threads(pid: int) -> str:
 
 @dataclass
 class RecorderWatch:
-    """What the recorder's threads did while it recorded, sampled every WATCH_S: where a
-    recorder that stopped writing intervals was (CI could not tell, twice)."""
+    """What the recorder's threads did while it recorded, sampled every WATCH_S, and what each
+    CPU did meanwhile: where a recorder that stopped writing intervals was, and whether it was
+    starved of CPU or blocked (CI could not tell, twice)."""
 
     pid: int
     seen: Counter[str] = field(default_factory=Counter)
     samples: int = 0
+    first: dict[str, tuple[float, float]] = field(default_factory=dict)
+    last: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per thread: (ran, waited on a run queue) in seconds, at its first and last sample."""
+    context: str = ""
+    cpu_ticks: list[list[int]] = field(default_factory=list)
     said: str = ""
     """The recorder's stderr, once it has stopped."""
 
     def run(self, done: threading.Event) -> None:
+        self.context = _scheduling_context(self.pid)
+        self.cpu_ticks = _cpu_ticks()
         while not done.wait(WATCH_S):
-            self.seen.update(str(t) for t in _task_states(self.pid))
+            for state in _task_states(self.pid):
+                self.seen[str(state)] += 1
+                self.first.setdefault(state.comm, (state.ran_s, state.waited_s))
+                self.last[state.comm] = (state.ran_s, state.waited_s)
             self.samples += 1
+        self.cpu_ticks = [
+            [after - before for before, after in zip(start, end, strict=True)]
+            for start, end in zip(self.cpu_ticks, _cpu_ticks(), strict=True)
+        ]
 
     def summary(self) -> str:
-        lines = [f"the recorder's threads, sampled {self.samples} times every {WATCH_S} s:"]
+        lines = [f"the recorder ({self.context}), sampled {self.samples} times every {WATCH_S} s:"]
         lines += [f"  {n:4d}x {state}" for state, n in self.seen.most_common(12)]
+        for comm, (ran_s, waited_s) in self.last.items():
+            ran_0, waited_0 = self.first[comm]
+            lines.append(f"  {comm}: ran {ran_s - ran_0:.2f} s, waited {waited_s - waited_0:.2f} s")
+        lines.append("each CPU meanwhile (/proc/stat, 1/100 s): user nice system idle iowait irq "
+                     "softirq steal")  # fmt: skip
+        lines += [
+            f"  cpu{n}: {' '.join(map(str, ticks[:8]))}" for n, ticks in enumerate(self.cpu_ticks)
+        ]
         lines += ["it said:", self.said[-3000:]]
         return "\n".join(lines)
+
+
+def _cpu_ticks() -> list[list[int]]:
+    """Each CPU's cumulative times from /proc/stat."""
+    rows = Path("/proc/stat").read_text().splitlines()
+    return [
+        [int(v) for v in row.split()[1:]]
+        for row in rows
+        if row.startswith("cpu") and row[3:4].isdigit()
+    ]
+
+
+def _scheduling_context(pid: int) -> str:
+    """The recorder's nice, CPUs, autogroup and cgroups: what decides its share of a CPU."""
+    parts = [f"nice {os.getpriority(os.PRIO_PROCESS, pid)}"]
+    with contextlib.suppress(OSError):
+        parts.append(f"CPUs {sorted(os.sched_getaffinity(pid))}")
+    for name in ("autogroup", "cgroup"):
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/{pid}/{name}").read_text().split()
+            parts.append(f"{name} {' '.join(text)}")
+    return ", ".join(parts)
 
 
 def _wait_first_interval(
