@@ -1,7 +1,8 @@
 """Kernel map memory of each probe, measured here (the kernel's own ``memlock`` per map, from
 /proc/self/fdinfo) and projected to 64 and 256 CPUs from the map layout: per-CPU maps grow by
-their value size x entries per CPU, preallocated hash maps by one spare element per CPU; shared
-arrays (histogram rows, counters) do not grow with CPUs.  Baseline: the same figure for an
+their value size x entries per CPU, preallocated hash maps by one spare element per CPU, the
+migration probe's counter array by one row per CPU and slot; other shared arrays (histogram rows,
+counters) do not grow with CPUs.  Baseline: the same figure for an
 empty program's module (no maps), so only what the probes allocate is counted.
 
 Usage: bench_probe_memory.py [--quick]   (needs root; exits 0 with a note if not)
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from tailsight.probes.loader import compile_source
-    from tailsight.probes.migration import MigrationProbe
+    from tailsight.probes.migration import COUNTS_BYTES_PER_CPU, MigrationProbe
     from tailsight.probes.netsyscall import NetSyscallProbe
     from tailsight.probes.runqueue import RunQueueProbe
     from tailsight.probes.tcpstate import TcpStateProbe
@@ -86,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             ours = {fd: info for fd, info in map_fds().items() if fd not in before}
         finally:
             probe.close()
-        sizes = {n: sum(project(info, n, here) for info in ours.values()) for n in CPUS_PROJECTED}
+        rows_per_cpu = COUNTS_BYTES_PER_CPU if make is MigrationProbe else 0
+        sizes = {
+            n: sum(project(info, n, here) for info in ours.values()) + rows_per_cpu * (n - here)
+            for n in CPUS_PROJECTED
+        }
         for n in CPUS_PROJECTED:
             totals[n] += sizes[n]
         largest = max(ours.values(), key=lambda info: info["memlock"])

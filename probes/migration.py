@@ -30,7 +30,7 @@ from tailsight.probes.bccprobe import (
     sync_cgroup_allow,
 )
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
-from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology
+from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology, possible_cpu_ids
 
 PROBE_NAME: Final = "migration"
 # KIND_* in migration.bpf.c -> counter name.
@@ -67,9 +67,11 @@ INFO: Final = ProbeInfo(
 )
 MAX_CPUS: Final = 8192  # MIGRATION_MAX_CPUS in migration.bpf.c
 MAX_SLOTS: Final = 1024
-"""Cgroups the probe tells apart (-DMIGRATION_MAX_SLOTS): one 64-byte counter row each, 64 KiB
-shared by all CPUs, plus an 8-entry slot cache per CPU."""
+"""Cgroups the probe tells apart (-DMIGRATION_MAX_SLOTS): one 64-byte counter row each per CPU
+(64 KiB per CPU), plus an 8-entry slot cache per CPU."""
 KINDS_ROW: Final = 8  # counters per slot row in migration.bpf.c
+COUNTS_BYTES_PER_CPU: Final = MAX_SLOTS * KINDS_ROW * 8
+"""What each CPU adds to migration_counts (an array, yet one row per CPU and slot)."""
 _CONFIG_FILTER_ON: Final = 0
 _CONFIG_SELFCHECK_TID: Final = 1
 
@@ -128,6 +130,8 @@ class MigrationProbe:
         self._cpu_offset_override = task_cpu_offset_override
         self._bpf: Any = None
         self._counts: MappedArray | None = None
+        self._cpu_ids = 0
+        """Counter rows per slot (-DMIGRATION_NR_CPUS), set at attach."""
         self._links: list[Any] = []
         self.attach_mode: str | None = None
         """``tp_btf`` or ``raw_tp`` once attached."""
@@ -154,6 +158,7 @@ class MigrationProbe:
         if self._bpf is not None:
             return
         btf = Btf.load()
+        self._cpu_ids = possible_cpu_ids()  # the real kernel's, whatever topology is loaded
         cpu_offset = self._cpu_offset_override
         if cpu_offset is None:
             cpu_offset = resolve_task_cpu_offset(btf)
@@ -171,7 +176,12 @@ class MigrationProbe:
                 PROBE_NAME,
                 lambda extra: compile_probe(
                     PROBE_NAME,
-                    [f"-DTASK_CPU_OFF={cpu_offset}", f"-DMIGRATION_MAX_SLOTS={MAX_SLOTS}", *extra],
+                    [
+                        f"-DTASK_CPU_OFF={cpu_offset}",
+                        f"-DMIGRATION_MAX_SLOTS={MAX_SLOTS}",
+                        f"-DMIGRATION_NR_CPUS={self._cpu_ids}",
+                        *extra,
+                    ],
                 ),
                 prepare,
                 wanted,
@@ -223,7 +233,7 @@ class MigrationProbe:
         cgroup_of = slot_ids(self._bpf[b"migration_slots"])
         slots = sorted(cgroup_of)
         steer_slot_hint(self._bpf, PROBE_NAME, slots, 0, MAX_SLOTS)
-        rows = self._mapped_counts().array[slots, : len(KINDS)].copy()
+        rows = self._mapped_counts().array[:, slots, : len(KINDS)].sum(axis=0)
         for row, slot in zip(rows, slots, strict=True):
             for kind in row.nonzero()[0]:
                 counters[(KINDS[kind], labels(cgroup=cgroup_of[slot]))] = int(row[kind])
@@ -243,13 +253,13 @@ class MigrationProbe:
             slot for slot, cgroup_id in slot_ids(table).items() if cgroup_id in cgroup_ids
         )
         if gone:
-            self._mapped_counts().zero(np.s_[gone])
+            self._mapped_counts().zero(np.s_[:, gone])
             release_slots(self._bpf, PROBE_NAME, [table.Key(cgroup_id) for cgroup_id in cgroup_ids])
 
     def _mapped_counts(self) -> MappedArray:
         if self._counts is None:
             table = self._bpf[b"migration_counts"]
-            self._counts = MappedArray(table, np.uint64, (MAX_SLOTS, KINDS_ROW))
+            self._counts = MappedArray(table, np.uint64, (self._cpu_ids, MAX_SLOTS, KINDS_ROW))
         return self._counts
 
     def attachment(self) -> Any:

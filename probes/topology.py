@@ -38,6 +38,13 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(cpus)
 
 
+def possible_cpu_ids(root: Path | str = DEFAULT_SYSFS_ROOT) -> int:
+    """How many CPU ids the kernel may use (``nr_cpu_ids``: the highest possible CPU + 1), which
+    bounds ``bpf_get_smp_processor_id()``."""
+    possible = Path(root) / "devices" / "system" / "cpu" / "possible"
+    return max(parse_cpulist(possible.read_text(encoding="ascii")), default=0) + 1
+
+
 @dataclass(frozen=True)
 class CpuTopology:
     """Which NUMA node each CPU belongs to; a CPU not in the map counts as node 0."""

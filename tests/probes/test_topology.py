@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailsight.probes.topology import CpuTopology, TopologyError, parse_cpulist
+from tailsight.probes.topology import (
+    CpuTopology,
+    TopologyError,
+    parse_cpulist,
+    possible_cpu_ids,
+)
 
 
 def _node_tree(root: Path, nodes: dict[int, str], possible: str = "0-7") -> Path:
@@ -95,6 +100,22 @@ def test_no_numa_support_means_one_node(tmp_path: Path) -> None:
     (tmp_path / "devices" / "system" / "cpu" / "possible").write_text("0-5\n")
     topology = CpuTopology.from_sysfs(tmp_path)
     assert topology.cpu_node == {cpu: 0 for cpu in range(6)}
+
+
+@pytest.mark.parametrize(("possible", "ids"), [("0\n", 1), ("0-5\n", 6), ("0,2-3,7\n", 8)])
+def test_possible_cpu_ids_is_the_highest_possible_cpu_plus_one(
+    tmp_path: Path, possible: str, ids: int
+) -> None:
+    (tmp_path / "devices" / "system" / "cpu").mkdir(parents=True)
+    (tmp_path / "devices" / "system" / "cpu" / "possible").write_text(possible)
+    assert possible_cpu_ids(tmp_path) == ids
+
+
+def test_running_machine_bounds_our_cpu_ids() -> None:
+    # Ground truth: the CPUs we may run on, and the kernel's own cpuN directories.
+    assert max(os.sched_getaffinity(0)) < possible_cpu_ids()
+    cpus = [int(d.name[3:]) for d in Path("/sys/devices/system/cpu").glob("cpu[0-9]*")]
+    assert max(cpus) < possible_cpu_ids()
 
 
 def test_running_machine_covers_our_cpus() -> None:
