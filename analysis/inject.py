@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from tailsight.histfile import HistDocument
+from tailsight.probes.runqueue import read_cpu_times_ns
 from tailsight.workload import Task, Workload, private_base, python_task, stop_process
 
 KINDS: Final = ("cpu_hog", "packet_loss", "migrations", "neighbour_syscalls", "own_cgroup")
@@ -249,23 +250,26 @@ class RecorderWatch:
     last: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per thread: (ran, waited on a run queue) in seconds, at its first and last sample."""
     context: str = ""
-    cpu_ticks: list[list[int]] = field(default_factory=list)
+    cpu_times_ns: dict[int, list[int]] = field(default_factory=dict)
+    """Each CPU's /proc/stat times, cumulative until the run ends, then over the run."""
     said: str = ""
     """The recorder's stderr, once it has stopped."""
 
     def run(self, done: threading.Event) -> None:
         self.context = _scheduling_context(self.pid)
-        self.cpu_ticks = _cpu_ticks()
+        self.cpu_times_ns = read_cpu_times_ns()
         while not done.wait(WATCH_S):
             for state in _task_states(self.pid):
                 self.seen[str(state)] += 1
                 self.first.setdefault(state.comm, (state.ran_s, state.waited_s))
                 self.last[state.comm] = (state.ran_s, state.waited_s)
             self.samples += 1
-        self.cpu_ticks = [
-            [after - before for before, after in zip(start, end, strict=True)]
-            for start, end in zip(self.cpu_ticks, _cpu_ticks(), strict=True)
-        ]
+        start = self.cpu_times_ns
+        self.cpu_times_ns = {
+            cpu: [after - before for before, after in zip(start[cpu], end, strict=True)]
+            for cpu, end in read_cpu_times_ns().items()
+            if cpu in start
+        }
 
     def summary(self) -> str:
         lines = [f"the recorder ({self.context}), sampled {self.samples} times every {WATCH_S} s:"]
@@ -273,23 +277,14 @@ class RecorderWatch:
         for comm, (ran_s, waited_s) in self.last.items():
             ran_0, waited_0 = self.first[comm]
             lines.append(f"  {comm}: ran {ran_s - ran_0:.2f} s, waited {waited_s - waited_0:.2f} s")
-        lines.append("each CPU meanwhile (/proc/stat, 1/100 s): user nice system idle iowait irq "
+        lines.append("each CPU meanwhile (/proc/stat, ms): user nice system idle iowait irq "
                      "softirq steal")  # fmt: skip
         lines += [
-            f"  cpu{n}: {' '.join(map(str, ticks[:8]))}" for n, ticks in enumerate(self.cpu_ticks)
+            f"  cpu{cpu}: {' '.join(str(ns // 1_000_000) for ns in times[:8])}"
+            for cpu, times in sorted(self.cpu_times_ns.items())
         ]
         lines += ["it said:", self.said[-3000:]]
         return "\n".join(lines)
-
-
-def _cpu_ticks() -> list[list[int]]:
-    """Each CPU's cumulative times from /proc/stat."""
-    rows = Path("/proc/stat").read_text().splitlines()
-    return [
-        [int(v) for v in row.split()[1:]]
-        for row in rows
-        if row.startswith("cpu") and row[3:4].isdigit()
-    ]
 
 
 def _scheduling_context(pid: int) -> str:

@@ -79,20 +79,26 @@ INFO: Final = ProbeInfo(
 )
 
 
-def read_steal_ns(proc_root: Path | str = "/proc") -> dict[int, int]:
-    """Per-CPU steal time in ns since boot (``cpuN`` lines of ``<proc_root>/stat``, 8th value,
-    in USER_HZ ticks); empty where the kernel does not say."""
+def read_cpu_times_ns(proc_root: Path | str = "/proc") -> dict[int, list[int]]:
+    """Per-CPU times in ns since boot (``cpuN`` lines of ``<proc_root>/stat``: user, nice,
+    system, idle, iowait, irq, softirq, steal, ... in USER_HZ ticks); empty where unreadable."""
     try:
         text = (Path(proc_root) / "stat").read_text(encoding="ascii")
     except OSError:
         return {}
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    steal: dict[int, int] = {}
+    times: dict[int, list[int]] = {}
     for line in text.splitlines():
         name, *values = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and len(values) >= 8:
-            steal[int(name[3:])] = int(values[7]) * tick_ns
-    return steal
+        if name.startswith("cpu") and name[3:].isdigit():
+            times[int(name[3:])] = [int(value) * tick_ns for value in values]
+    return times
+
+
+def read_steal_ns(proc_root: Path | str = "/proc") -> dict[int, int]:
+    """Per-CPU steal time in ns since boot (:func:`read_cpu_times_ns`' 8th value); empty where
+    the kernel does not say."""
+    return {cpu: t[7] for cpu, t in read_cpu_times_ns(proc_root).items() if len(t) >= 8}
 
 
 class RunQueueProbe(BccProbe):

@@ -21,6 +21,7 @@ from tailsight.probes.runqueue import (
     STEAL,
     RunQueueProbe,
     expected_tracepoint_args,
+    read_cpu_times_ns,
     read_steal_ns,
     top_pairs,
 )
@@ -145,6 +146,7 @@ def test_steal_is_read_per_cpu_in_ns(tmp_path: Path) -> None:
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     assert read_steal_ns(tmp_path) == {0: 13 * tick_ns, 1: 17 * tick_ns}
     assert read_steal_ns(tmp_path / "missing") == {}
+    assert read_cpu_times_ns(tmp_path)[1] == [t * tick_ns for t in (5, 0, 3, 50, 0, 0, 0, 17, 0, 0)]
 
 
 @pytest.mark.kernel
