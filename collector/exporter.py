@@ -261,10 +261,9 @@ class PrometheusExporter:
         )
         self._rank_totals: dict[tuple[str, str], int] = {}
         self._kept: dict[str, set[str]] = {}
-        # Raw series key -> (metric base, folded key, probe, its cgroup label values) of the
-        # quantile gauges; an entry goes when one of its cgroups enters or leaves the top-K.
+        # Raw histogram series key -> (metric base, folded key, probe, its cgroup label values);
+        # an entry goes when one of its cgroups enters or leaves the top-K.
         self._folded_of: dict[LabelKey, tuple[str, LabelKey, str, tuple[str, ...]]] = {}
-        self._refold: set[tuple[str, str]] = set()
         self._folded: dict[str, int] = {}
         self._cumulative: dict[tuple[str, LabelKey], _Cumulative] = {}
         self._counters: dict[tuple[str, LabelKey], tuple[float, int]] = {}
@@ -290,16 +289,15 @@ class PrometheusExporter:
     def update(self, document: HistDocument) -> None:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
-        sparse = {_key(s.labels): _Sparse.of(s.hist) for s in document.series}
+        raws = [_key(s.labels) for s in document.series]
+        sparse = {raw: _Sparse.of(s.hist) for raw, s in zip(raws, document.series, strict=True)}
         if self.pods is not None:  # outside the lock: this may ask the kubelet
             labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
             self.pods.observe({v for labels in labelled for v in _cgroups(labels)})
         with self._lock:
-            self._rank(document, sparse)
-            for s in document.series:
-                raw = _key(s.labels)
-                labels = self._fold(s.labels)
-                slot_key = (metric_base(s.labels.get("probe", ""), s.labels), _key(labels))
+            self._rank(document, raws, sparse)
+            for raw in raws:
+                slot_key = self._folded_key(raw)
                 slot = self._cumulative.get(slot_key)
                 if slot is None:
                     slot = self._cumulative[slot_key] = _Cumulative(
@@ -324,14 +322,28 @@ class PrometheusExporter:
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
-    def _rank(self, document: HistDocument, sparse: Mapping[LabelKey, _Sparse]) -> None:
+    def _folded_key(self, raw: LabelKey) -> tuple[str, LabelKey]:
+        """(metric base, folded labels) of a raw histogram series, remembered until one of its
+        cgroups enters or leaves the top-K (``_rank`` drops those entries)."""
+        known = self._folded_of.get(raw)
+        if known is None:
+            labels = dict(raw)
+            probe = labels.get("probe", "")
+            cgroups = tuple(labels[name] for name in CGROUP_LABELS if name in labels)
+            base = metric_base(probe, labels)
+            known = self._folded_of[raw] = (base, _key(self._fold(labels)), probe, cgroups)
+        return known[0], known[1]
+
+    def _rank(
+        self, document: HistDocument, raws: list[LabelKey], sparse: Mapping[LabelKey, _Sparse]
+    ) -> None:
         """Re-pick each probe's top-K cgroups; those dropped lose their series."""
         counts: dict[tuple[str, str], int] = {}
-        for s in document.series:
+        for s, raw in zip(document.series, raws, strict=True):
             subject = _subject(s.labels)
             if subject is not None:
                 key = (s.labels.get("probe", ""), subject)
-                counts[key] = counts.get(key, 0) + sparse[_key(s.labels)].total
+                counts[key] = counts.get(key, 0) + sparse[raw].total
         # Probes without histograms (migration) rank by their event counters instead.
         with_histograms = {s.labels.get("probe", "") for s in document.series}
         for c in document.counters:
@@ -352,21 +364,31 @@ class PrometheusExporter:
             if n > 0 and cgroup not in FIXED_CGROUP_NAMES and self._allowed(cgroup):
                 incumbent = cgroup in self._kept.get(probe, ())
                 by_probe.setdefault(probe, []).append((-n, not incumbent, cgroup))
+        retired: set[tuple[str, str]] = set()
+        moved: set[tuple[str, str]] = set()  # entered or left the top-K
         for probe in set(self._kept) | set(by_probe):
             ranked = sorted(by_probe.get(probe, []))
             kept = {cgroup for _, _, cgroup in ranked[: self.config.top_k]}
             self._folded[probe] = max(0, len(ranked) - len(kept))
-            for cgroup in self._kept.get(probe, set()) - kept:
-                self._retire(probe, cgroup)
-            self._refold.update((probe, c) for c in kept ^ self._kept.get(probe, set()))
+            retired.update((probe, cgroup) for cgroup in self._kept.get(probe, set()) - kept)
+            moved.update((probe, c) for c in kept ^ self._kept.get(probe, set()))
             self._kept[probe] = kept
+        self._retire(retired)
+        if moved:  # their series fold differently now
+            self._folded_of = {
+                raw: known
+                for raw, known in self._folded_of.items()
+                if not any((known[2], cgroup) in moved for cgroup in known[3])
+            }
 
-    def _retire(self, probe: str, cgroup: str) -> None:
+    def _retire(self, retired: set[tuple[str, str]]) -> None:
+        """Drop the exported series of these (probe, cgroup): they left the top-K."""
+        if not retired:
+            return
+
         def mentions(labels: LabelKey) -> bool:
-            named = dict(labels)
-            return named.get("probe") == probe and any(
-                named.get(name) == cgroup for name in CGROUP_LABELS
-            )
+            probe = next((value for name, value in labels if name == "probe"), None)
+            return any((probe, value) in retired for name, value in labels if name in CGROUP_LABELS)
 
         for key in [k for k in self._cumulative if mentions(k[1])]:
             del self._cumulative[key]
@@ -446,30 +468,17 @@ class PrometheusExporter:
         if self._last is not None:
             views.append((window_label(self.config.interval_s), self._last_sparse))
         views += [(label, window.sums) for label, window in self._windows.items()]
-        folded_of = self._folded_of
-        if self._refold:
-            for raw, (_, _, probe, cgroups) in list(folded_of.items()):
-                if any((probe, cgroup) in self._refold for cgroup in cgroups):
-                    del folded_of[raw]
-            self._refold.clear()
         grouped: dict[str, dict[LabelKey, list[_Sparse | Histogram]]] = {}
         seen = 0
         for window, parts in views:
             seen += len(parts)
             for raw, part in parts.items():
-                known = folded_of.get(raw)
-                if known is None:
-                    labels = dict(raw)
-                    probe = labels.get("probe", "")
-                    cgroups = tuple(labels[name] for name in CGROUP_LABELS if name in labels)
-                    base = metric_base(probe, labels)
-                    known = folded_of[raw] = (base, _key(self._fold(labels)), probe, cgroups)
-                base, folded, _, _ = known
+                base, folded = self._folded_key(raw)
                 series_key = (*folded, ("window", window))  # "window" is no series label
                 grouped.setdefault(base, {}).setdefault(series_key, []).append(part)
-        if len(folded_of) > 2 * seen:  # series of cgroups long gone
+        if len(self._folded_of) > 2 * seen:  # series of cgroups long gone
             live = {raw for _, parts in views for raw in parts}
-            self._folded_of = {raw: v for raw, v in folded_of.items() if raw in live}
+            self._folded_of = {raw: v for raw, v in self._folded_of.items() if raw in live}
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
         for base, series in sorted(grouped.items()):

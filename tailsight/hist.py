@@ -107,6 +107,15 @@ class Histogram:
     # -- construction -----------------------------------------------------------------------
 
     @classmethod
+    def _trusted(cls, counts: npt.NDArray[np.int64], overflow: int, sum_ns: int) -> Histogram:
+        """A histogram from parts already valid (int64 counts of the model's shape, owned by the
+        result; non-negative ints): the collector builds hundreds per interval from checked
+        arithmetic, and ``__post_init__``'s copy and scans were most of their cost."""
+        hist = object.__new__(cls)
+        hist.counts, hist.overflow, hist.sum_ns = counts, overflow, sum_ns
+        return hist
+
+    @classmethod
     def empty(cls) -> Histogram:
         """A histogram with no observations."""
         return cls(np.zeros(NUM_BUCKETS, dtype=np.int64))
@@ -195,7 +204,7 @@ class Histogram:
         sum_ns = self.sum_ns - earlier.sum_ns
         if sum_ns < 0:
             raise ValueError(f"sum_ns went down ({earlier.sum_ns} -> {self.sum_ns})")
-        return Histogram(counts, overflow=overflow, sum_ns=sum_ns)
+        return Histogram._trusted(counts, overflow, sum_ns)
 
     def __add__(self, other: Histogram) -> Histogram:
         if not isinstance(other, Histogram):
@@ -228,7 +237,7 @@ class Histogram:
 
     def copy(self) -> Histogram:
         """Independent copy (``record`` mutates in place)."""
-        return Histogram(self.counts.copy(), overflow=self.overflow, sum_ns=self.sum_ns)
+        return Histogram._trusted(self.counts.copy(), self.overflow, self.sum_ns)
 
     # -- statistics -------------------------------------------------------------------------
 
