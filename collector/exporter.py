@@ -178,6 +178,18 @@ class _Sparse:
         dense.sum_ns += sign * self.sum_ns
 
 
+@dataclass(slots=True)
+class _Fold:
+    """How one raw series is exported: its family, labels after top-K folding, counter scale;
+    and its probe and cgroups, to know when it folds differently."""
+
+    exported: str
+    folded: LabelKey
+    scale: float
+    probe: str
+    cgroups: tuple[str, ...]
+
+
 @dataclass
 class _Cumulative:
     """Coarse bucket counts (not cumulative across ``le``), count and sum since export start."""
@@ -261,9 +273,9 @@ class PrometheusExporter:
         )
         self._rank_totals: dict[tuple[str, str], int] = {}
         self._kept: dict[str, set[str]] = {}
-        # Raw histogram series key -> (metric base, folded key, probe, its cgroup label values);
-        # an entry goes when one of its cgroups enters or leaves the top-K.
-        self._folded_of: dict[LabelKey, tuple[str, LabelKey, str, tuple[str, ...]]] = {}
+        # How each raw series is exported (``_folded_key``), until its cgroups' top-K standing
+        # changes: (counter name or "" for a histogram, raw key) -> _Fold.
+        self._folds: dict[tuple[str, LabelKey], _Fold] = {}
         self._folded: dict[str, int] = {}
         self._cumulative: dict[tuple[str, LabelKey], _Cumulative] = {}
         self._counters: dict[tuple[str, LabelKey], tuple[float, int]] = {}
@@ -297,10 +309,10 @@ class PrometheusExporter:
         with self._lock:
             self._rank(document, raws, sparse)
             for raw in raws:
-                slot_key = self._folded_key(raw)
-                slot = self._cumulative.get(slot_key)
+                base, folded, _ = self._folded_key("", raw)
+                slot = self._cumulative.get((base, folded))
                 if slot is None:
-                    slot = self._cumulative[slot_key] = _Cumulative(
+                    slot = self._cumulative[(base, folded)] = _Cumulative(
                         np.zeros(len(COARSE_BOUNDS_NS) + 1, dtype=np.int64)
                     )
                 part = sparse[raw]
@@ -309,30 +321,49 @@ class PrometheusExporter:
                 slot.coarse[-1] += part.overflow
                 slot.sum_ns += part.sum_ns
             for c in document.counters:
-                probe = c.labels.get("probe", "")
-                name, scale = counter_metric(c.name, probe)
-                labels = self._fold(c.labels, histogram=False)
-                counter_key = (name, _key(labels))
-                _, total = self._counters.get(counter_key, (scale, 0))
-                self._counters[counter_key] = (scale, total + c.value)
+                name, folded, scale = self._folded_key(c.name, _key(c.labels))
+                _, total = self._counters.get((name, folded), (scale, 0))
+                self._counters[(name, folded)] = (scale, total + c.value)
             for window in self._windows.values():
                 window.add(document.end_ns, sparse)
             self._last, self._last_sparse = document, sparse
+            self._prune_folds(document)
             self.intervals += 1
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
-    def _folded_key(self, raw: LabelKey) -> tuple[str, LabelKey]:
-        """(metric base, folded labels) of a raw histogram series, remembered until one of its
-        cgroups enters or leaves the top-K (``_rank`` drops those entries)."""
-        known = self._folded_of.get(raw)
+    def _folded_key(self, name: str, raw: LabelKey) -> tuple[str, LabelKey, float]:
+        """Exported name (a histogram's metric base when ``name`` is "", else the counter's),
+        folded labels and scale of a raw series; remembered until one of its cgroups enters or
+        leaves the top-K (``_rank`` drops those)."""
+        known = self._folds.get((name, raw))
         if known is None:
             labels = dict(raw)
             probe = labels.get("probe", "")
-            cgroups = tuple(labels[name] for name in CGROUP_LABELS if name in labels)
-            base = metric_base(probe, labels)
-            known = self._folded_of[raw] = (base, _key(self._fold(labels)), probe, cgroups)
-        return known[0], known[1]
+            if name:
+                exported, scale = counter_metric(name, probe)
+            else:
+                exported, scale = metric_base(probe, labels), 1.0
+            known = self._folds[(name, raw)] = _Fold(
+                exported,
+                _key(self._fold(labels, histogram=not name)),
+                scale,
+                probe,
+                tuple(labels[label] for label in CGROUP_LABELS if label in labels),
+            )
+        return known.exported, known.folded, known.scale
+
+    def _prune_folds(self, document: HistDocument) -> None:
+        """Forget how series of cgroups long gone were exported (bounded under churn)."""
+        sparse = self._last_sparse
+        windows = [window.sums for window in self._windows.values()]
+        if len(self._folds) <= 2 * (len(document.counters) + sum(map(len, [sparse, *windows]))):
+            return
+        live = {("", raw) for sums in windows for raw in sums}
+        live.update(("", raw) for raw in self._last_sparse)
+        live.update((c.name, _key(c.labels)) for c in document.counters)
+        if len(self._folds) > 2 * len(live):
+            self._folds = {key: fold for key, fold in self._folds.items() if key in live}
 
     def _rank(
         self, document: HistDocument, raws: list[LabelKey], sparse: Mapping[LabelKey, _Sparse]
@@ -375,10 +406,10 @@ class PrometheusExporter:
             self._kept[probe] = kept
         self._retire(retired)
         if moved:  # their series fold differently now
-            self._folded_of = {
-                raw: known
-                for raw, known in self._folded_of.items()
-                if not any((known[2], cgroup) in moved for cgroup in known[3])
+            self._folds = {
+                key: fold
+                for key, fold in self._folds.items()
+                if not any((fold.probe, cgroup) in moved for cgroup in fold.cgroups)
             }
 
     def _retire(self, retired: set[tuple[str, str]]) -> None:
@@ -473,12 +504,9 @@ class PrometheusExporter:
         for window, parts in views:
             seen += len(parts)
             for raw, part in parts.items():
-                base, folded = self._folded_key(raw)
+                base, folded, _ = self._folded_key("", raw)
                 series_key = (*folded, ("window", window))  # "window" is no series label
                 grouped.setdefault(base, {}).setdefault(series_key, []).append(part)
-        if len(self._folded_of) > 2 * seen:  # series of cgroups long gone
-            live = {raw for _, parts in views for raw in parts}
-            self._folded_of = {raw: v for raw, v in self._folded_of.items() if raw in live}
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
         for base, series in sorted(grouped.items()):
