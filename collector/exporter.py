@@ -355,9 +355,9 @@ class PrometheusExporter:
 
     def _prune_folds(self, document: HistDocument) -> None:
         """Forget how series of cgroups long gone were exported (bounded under churn)."""
-        sparse = self._last_sparse
         windows = [window.sums for window in self._windows.values()]
-        if len(self._folds) <= 2 * (len(document.counters) + sum(map(len, [sparse, *windows]))):
+        held = len(document.counters) + len(self._last_sparse) + sum(len(s) for s in windows)
+        if len(self._folds) <= 2 * held:
             return
         live = {("", raw) for sums in windows for raw in sums}
         live.update(("", raw) for raw in self._last_sparse)
