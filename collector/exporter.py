@@ -164,7 +164,7 @@ class _Sparse:
 
     @classmethod
     def of(cls, hist: Histogram) -> _Sparse:
-        index = np.flatnonzero(hist.counts).astype(np.int64)
+        index = hist.counts.nonzero()[0].astype(np.int64, copy=False)
         return cls(index, hist.counts[index], hist.overflow, hist.sum_ns)
 
     @property

@@ -98,7 +98,7 @@ class Snapshot:
         for key, hist in self.histograms.items():
             before = earlier.histograms.get(key)
             changed = hist if before is None else hist.delta(before)
-            if changed.count or changed.sum_ns:
+            if changed.sum_ns or changed.overflow or changed.counts.any():
                 histograms[key] = changed
         counters = {}
         for counter_key, value in self.counters.items():
