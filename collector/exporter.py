@@ -500,9 +500,7 @@ class PrometheusExporter:
             views.append((window_label(self.config.interval_s), self._last_sparse))
         views += [(label, window.sums) for label, window in self._windows.items()]
         grouped: dict[str, dict[LabelKey, list[_Sparse | Histogram]]] = {}
-        seen = 0
         for window, parts in views:
-            seen += len(parts)
             for raw, part in parts.items():
                 base, folded, _ = self._folded_key("", raw)
                 series_key = (*folded, ("window", window))  # "window" is no series label

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +20,8 @@ from tailsight.collector.exporter import (
     COARSE_BOUNDS_NS,
     ProbeStatus,
     PrometheusExporter,
+    _quantiles_ns,
+    _Sparse,
     counter_metric,
     metric_base,
     window_label,
@@ -412,3 +416,32 @@ def test_window_quantiles_match_histogram_quantiles_exactly() -> None:
                 "window=5s",
             )
             assert samples[key] * 1e9 == pytest.approx(expected, rel=1e-12), key
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.lists(st.integers(0, 3 * 10**10), max_size=40),  # > 10.49 s overflows
+                st.booleans(),  # a window's dense sum, else an interval's sparse part
+            ),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_sparse_quantiles_equal_histogram_quantiles(groups: list) -> None:
+    """The exporter's quantiles of a group of parts (sparse and dense, as the 1 s gauge and the
+    window sums hand them over) are exactly those of the merged Histogram (the model's own
+    rule), empty and overflow-only groups included."""
+    qs = (0.0, 0.5, 0.9, 0.99, 0.999, 1.0)
+    parts_of_groups = []
+    expected = []
+    for group in groups:
+        hists = [(Histogram.from_samples(np.array(v, dtype=np.int64)), d) for v, d in group]
+        parts_of_groups.append([h if d else _Sparse.of(h) for h, d in hists])
+        merged = sum((h for h, _ in hists), Histogram.empty())
+        expected.append(merged.quantiles(qs) if merged.count else None)
+    assert [_quantiles_ns(parts, qs) for parts in parts_of_groups] == expected
