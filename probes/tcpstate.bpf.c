@@ -34,7 +34,8 @@
  * used.  Only IPPROTO_TCP sockets count (the tracepoint also serves other protocols).
  *
  * State: per-socket {state, entered_ns, born_ns, syn_sent_ns} in an LRU hash keyed by the sock
- * address, deleted at CLOSE; LRU evicts entries of sockets freed without a CLOSE we saw.
+ * address, deleted at CLOSE; LRU evicts entries of sockets freed without a CLOSE we saw, and a
+ * socket born at the address of such an entry replaces it (counted as stale_socket).
  *
  * Overhead (kernel BPF stats, 2000 loopback connect/accept/close cycles, this 2-vCPU VM, two
  * runs): inet_sock_set_state 420-550 ns/event against 52-59 ns for an empty program on the same
@@ -102,7 +103,9 @@
 #define DROP_HIST_FULL 1 /* no series slot left */
 #define DROP_COUNTER_FULL 2
 #define DROP_PEER_FULL 3 /* no room for a (cgroup, other end) retransmit counter */
-#define DROP_REASONS 4
+#define DROP_STALE_SOCKET 4 /* a socket born where an entry was left: the earlier socket at that
+                             * address closed unseen, its lifetime is lost */
+#define DROP_REASONS 5
 
 /* tcpstate_config slots, written by user space. */
 #define CONFIG_FILTER_ON 0
@@ -360,6 +363,13 @@ int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
     now_ns = bpf_ktime_get_ns();
     port = port_label(sk);
     tracked = tcpstate_socks.lookup(&sk_key);
+    /* Entries go at CLOSE, so one found at a birth is a dead socket's (same address, its CLOSE
+     * unseen): without this, its state (e.g. a listener's born_ns = 0) would pass to the new one. */
+    if (tracked && (oldstate == TCP_CLOSE_STATE ||
+                    (oldstate == TCP_LISTEN_STATE && newstate == TCP_SYN_RECV_STATE))) {
+        count_drop(DROP_STALE_SOCKET);
+        tracked = NULL;
+    }
 
     /* A stale entry (a missed transition) has the wrong state: its time is unknown, skip it. */
     if (tracked && tracked->state == (u32)oldstate) {

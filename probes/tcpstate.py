@@ -57,7 +57,13 @@ PEER_RETRANSMITS: Final = "tcp_retransmits_to_peer"
 """Retransmits by (cgroup of the retransmitting socket, ``victim``: cgroup of the other end)."""
 DROPPED: Final = "tcpstate_dropped_events"
 # Index i of tcpstate_dropped_events (DROP_* in tcpstate.bpf.c).
-DROP_REASONS: Final = ("sock_table_full", "hist_full", "counter_full", "peer_counter_full")
+DROP_REASONS: Final = (
+    "sock_table_full",
+    "hist_full",
+    "counter_full",
+    "peer_counter_full",
+    "stale_socket",
+)
 # KIND_* in tcpstate.bpf.c.
 KINDS: Final = ("time_in_state", "connect", "lifetime")
 INFO: Final = ProbeInfo(

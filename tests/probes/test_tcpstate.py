@@ -4,7 +4,9 @@ whose cgroup we chose; plus the offset self-check catching wrong offsets, and th
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import select
 import socket
 import subprocess
@@ -19,6 +21,7 @@ from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.catalog import create_probe
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, resolve_offsets
 from tailsight.probes.tcpstate import (
+    DROPPED,
     KINDS,
     OTHER_PORT,
     PEER_RETRANSMITS,
@@ -256,6 +259,55 @@ def test_connects_are_charged_to_the_connecting_cgroup(probe: TcpStateProbe) -> 
         dict(key).get("from_state") == "SYN_RECV" and dict(key)["cgroup"] == client
         for key in interval.histograms
     )
+
+
+ESTABLISHED, LISTEN = 1, 10  # include/net/tcp_states.h
+
+
+def _disconnect(sock: socket.socket) -> None:
+    """connect(AF_UNSPEC): the kernel's tcp_disconnect, back to CLOSE with the same struct sock."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    unspec = (ctypes.c_ubyte * 16)()  # a sockaddr whose family is AF_UNSPEC (0)
+    assert libc.connect(sock.fileno(), unspec, len(unspec)) == 0, os.strerror(ctypes.get_errno())
+
+
+@pytest.mark.kernel
+def test_a_socket_born_over_a_stale_entry_gets_its_own_lifetime(probe: TcpStateProbe) -> None:
+    """An entry left by a socket whose CLOSE went unseen (e.g. under a cgroup filter set since)
+    must not pass its state to the next socket at that address: the stale entry is forged here
+    by writing a listener's state (born unknown) back at a closed socket's address."""
+    own = own_cgroup_id()
+    socks = probe._bpf[b"tcpstate_socks"]
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
+        start_ns = time.monotonic_ns()  # the probe's clock: bpf_ktime_get_ns is CLOCK_MONOTONIC
+        client.connect(server.getsockname())
+        first_peer = server.accept()[0]
+        ours = [
+            key.value
+            for key, entry in socks.items()
+            if entry.state == ESTABLISHED and entry.syn_sent_ns >= start_ns
+        ]
+        assert len(ours) == 1, f"{len(ours)} sockets connected here since {start_ns}"
+        _disconnect(client)  # CLOSE (and a reset to the peer): the probe deletes the entry
+        first_peer.close()
+        assert ours[0] not in {key.value for key, _ in socks.items()}
+        stale = socks.Leaf()
+        stale.state = LISTEN  # a listener's entry: born_ns = 0
+        stale.entered_ns = start_ns
+        socks[socks.Key(ours[0])] = stale
+
+        before = probe.read()
+        born_ns = time.monotonic_ns()
+        client.connect(server.getsockname())  # CLOSE -> SYN_SENT at the stale entry's address
+        server.accept()[0].close()
+        client.close()
+        lived_ns = time.monotonic_ns() - born_ns
+        interval = _settle(probe, before, own, 2)
+
+    lifetimes = _hist(interval, own, "lifetime")  # the client's second life and its accepted peer
+    assert lifetimes.count == 2
+    assert max(i for i, n in lifetimes.sparse_buckets()) <= bucket_index(lived_ns)
+    assert interval.counters[(DROPPED, labels(reason="stale_socket"))] == 1
 
 
 @pytest.mark.kernel
