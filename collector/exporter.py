@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -118,15 +118,29 @@ def window_label(seconds: float) -> str:
     return f"{seconds * 1000:g}ms"
 
 
-def read_program_stats(proc_root: Path, fd: int) -> tuple[int, int] | None:
-    """(run_time_ns, run_cnt) of a BPF program fd from ``<proc>/self/fdinfo``; None if absent."""
+class ProgramStats(NamedTuple):
+    """A BPF program's counters in ``fdinfo``: kernel BPF stats, and the runs it missed."""
+
+    run_time_ns: int
+    run_cnt: int
+    missed_runs: int
+    """``recursion_misses``: events the kernel dropped because the program was already running on
+    that CPU (an interrupt during it); counted whether or not BPF stats are on."""
+
+
+def read_program_stats(proc_root: Path, fd: int) -> ProgramStats | None:
+    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent."""
     try:
         text = (proc_root / "self" / "fdinfo" / str(fd)).read_text(encoding="utf-8")
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     try:
-        return int(fields["run_time_ns"].strip()), int(fields["run_cnt"].strip())
+        return ProgramStats(
+            int(fields["run_time_ns"].strip()),
+            int(fields["run_cnt"].strip()),
+            int(fields.get("recursion_misses", "0").strip()),  # Linux >= 5.12
+        )
     except (KeyError, ValueError):
         return None
 
@@ -559,6 +573,12 @@ class PrometheusExporter:
             "counter",
             "Time the kernel spent in the program (kernel BPF stats).",
         )
+        missed = Family(
+            "tailsight_bpf_program_missed_runs",
+            "counter",
+            "Events the kernel did not run the program for: it was already running on that CPU "
+            "(fdinfo recursion_misses). Each is an event missing from the probe's counts.",
+        )
         fill = Family("tailsight_map_fill_ratio", "gauge", "Entries used / max entries.")
         errors = Family(
             "tailsight_probe_read_errors", "counter", "Failed or reset reads of a probe."
@@ -575,8 +595,10 @@ class PrometheusExporter:
             for program, fd in sorted(status.program_fds.items()):
                 stats = read_program_stats(self.config.proc_root, fd)
                 if stats is not None:
-                    run_time.add((("probe", probe), ("program", program)), stats[0] / 1e9)
-                    runs.add((("probe", probe), ("program", program)), stats[1])
+                    program_labels = (("probe", probe), ("program", program))
+                    run_time.add(program_labels, stats.run_time_ns / 1e9)
+                    runs.add(program_labels, stats.run_cnt)
+                    missed.add(program_labels, stats.missed_runs)
             if status.map_fill is not None:
                 try:
                     for map_name, ratio in sorted(status.map_fill().items()):
@@ -586,7 +608,7 @@ class PrometheusExporter:
         with self._lock:
             for probe, n in sorted(self._folded.items()):
                 folded.add((("probe", probe),), n)
-        out = [attached, runs, run_time, fill, errors, folded]
+        out = [attached, runs, run_time, missed, fill, errors, folded]
         for name, kind, help_text, value in (
             (
                 "tailsight_bpf_stats_enabled",

@@ -260,7 +260,10 @@ def test_tcpstate_kind_names_the_metric_and_is_not_a_label() -> None:
 def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
     fdinfo = tmp_path / "self" / "fdinfo"
     fdinfo.mkdir(parents=True)
-    (fdinfo / "7").write_text("pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n")
+    (fdinfo / "7").write_text(
+        "pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n"
+        "recursion_misses:\t3\nverified_insns:\t571\n"
+    )
     exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
     exporter.probes = {
         "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}, mode="tp_btf"),
@@ -274,6 +277,8 @@ def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
     assert samples[
         ("tailsight_bpf_program_run_time_seconds_total", "probe=runqueue", "program=sched_switch")
     ] == pytest.approx(0.123456789)
+    missed = ("tailsight_bpf_program_missed_runs_total", "probe=runqueue", "program=sched_switch")
+    assert samples[missed] == 3
     assert ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone") not in samples
     attached = ("tailsight_probe_attached", "mode=tp_btf", "probe=runqueue", "reason=")
     assert samples[attached] == 1
