@@ -25,7 +25,9 @@ Decision:
 3. ``p_within < alpha`` -> **pass**: shown to be less than ``t`` worse; the gate passes only if
    every comparison passes, an intersection-union test that needs no correction to stay at
    ``alpha``;
-4. otherwise -> **inconclusive** (the interval straddles ``t``: add runs or reduce noise).
+4. otherwise -> **inconclusive** (the interval straddles ``t``): the reason says how many runs
+   per side would let an unchanged build pass 8 times in 10 at the measured run-to-run spread
+   (``runs_to_pass``, :func:`runs_to_pass`), or that the noise must come down.
 
 By default only the in-system tick-to-trade series (``DEFAULT_SERIES``) is gated, at P50 and P99.
 
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Final
 
 import numpy as np
@@ -66,6 +69,8 @@ DEFAULT_STAGE: Final = IN_SYSTEM
 """The stage gated when no ``--series`` is given: the replay's in-system tick-to-trade."""
 DEFAULT_SERIES: Final = {"probe": "replay", "stage": DEFAULT_STAGE}
 STAGE_LABEL: Final = "stage"
+PASS_POWER: Final = 0.8
+"""``runs_to_pass`` sizes the runs for an unchanged build to pass this often (8 in 10)."""
 LOW_TAIL_EVENTS: Final = 10.0
 """Below this many expected events above q in a run, its q-quantile is little more than its max."""
 
@@ -130,9 +135,11 @@ class Comparison:
     p_worse_adjusted: float = math.nan
     p_within: float = math.nan
     min_tail_events: float = math.nan
+    runs_to_pass: float = math.nan
+    """Runs per side for an unchanged build to pass ``PASS_POWER`` of the time at this spread."""
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict (nan -> None)."""
+        """Plain JSON-able dict (nan and inf -> None)."""
         out: dict[str, Any] = {
             "series": dict(self.series),
             "quantile": self.quantile,
@@ -142,7 +149,7 @@ class Comparison:
         }
         for name in _NUMBERS:
             value = getattr(self, name)
-            out[name] = None if isinstance(value, float) and math.isnan(value) else value
+            out[name] = None if isinstance(value, float) and not math.isfinite(value) else value
         return out
 
 
@@ -159,6 +166,7 @@ _NUMBERS: Final = (
     "p_worse_adjusted",
     "p_within",
     "min_tail_events",
+    "runs_to_pass",
 )
 
 
@@ -245,6 +253,26 @@ def min_runs_for_alpha(alpha: float) -> int:
     while 1.0 / math.comb(2 * n, n) >= alpha:
         n += 1
     return n
+
+
+def runs_to_pass(
+    log_half_width: float, n: int, m: int, log_threshold: float, alpha: float
+) -> float:
+    """Runs per side with which an unchanged build (true ratio 1) passes ``PASS_POWER`` of the time.
+
+    The Moses interval's half-width ``h`` shrinks like ``sqrt(1/n + 1/m)``, so its standard error
+    is ``se = h / z`` (``z`` the one-sided ``1 - alpha`` normal quantile). A pass needs the upper
+    bound below ``t``: ``z se_k < log t - Z`` with the estimate ``Z ~ N(0, se_k)``, which holds with
+    probability ``PASS_POWER`` when ``(z + z_power) se_k = log t``, i.e.
+    ``k = 2 / (1/n + 1/m) * ((z + z_power) h / (z log t))^2`` runs per side.
+    """
+    if log_threshold <= 0.0:  # a limit of ratio 1: an unchanged build never shows to be below it
+        return math.inf
+    normal = NormalDist()
+    z = normal.inv_cdf(1.0 - alpha)
+    z_power = normal.inv_cdf(PASS_POWER)
+    scale = (z + z_power) * log_half_width / (z * log_threshold)
+    return 2.0 / (1.0 / n + 1.0 / m) * scale * scale
 
 
 def hodges_lehmann_ratio(
@@ -382,6 +410,13 @@ def compare(
         p_worse=p_worse,
         p_worse_adjusted=min(1.0, p_worse * max(1, family_size)),
         p_within=p_within,
+        runs_to_pass=runs_to_pass(
+            (math.log(high) - math.log(low)) / 2,
+            int(x.size),
+            int(y.size),
+            math.log(threshold),
+            config.alpha,
+        ),
     )
     return decide(evidence, config.alpha)
 
@@ -401,9 +436,26 @@ def decide(c: Comparison, alpha: float) -> Comparison:
         outcome = Outcome.INCONCLUSIVE
         reason = (
             f"ratio interval [{c.ratio_low:.3f}, {c.ratio_high:.3f}] straddles the limit "
-            f"{c.threshold:.3f}: add runs or reduce run-to-run noise"
+            f"{c.threshold:.3f}: {_more_runs(c)}"
         )
     return replace(c, outcome=outcome, reason=reason)
+
+
+def _more_runs(c: Comparison) -> str:
+    """What an inconclusive comparison needs, from its ``runs_to_pass``."""
+    runs = min(c.baseline_runs, c.candidate_runs)
+    if math.isnan(c.runs_to_pass) or c.runs_to_pass > 10_000:
+        return "reduce the run-to-run noise (more runs would not decide it)"
+    needed = math.ceil(c.runs_to_pass)
+    if needed <= runs:
+        return (
+            f"at this spread {runs} runs per side let an unchanged build pass "
+            f"{PASS_POWER:.0%} of the time: this ratio lies near the limit (add runs to decide)"
+        )
+    return (
+        f"at this run-to-run spread an unchanged build needs about {needed} runs per side to "
+        f"pass {PASS_POWER:.0%} of the time; or reduce the noise"
+    )
 
 
 def _stage_breakdown(

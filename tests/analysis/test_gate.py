@@ -31,6 +31,7 @@ from tailsight.histfile import HistDocument, Series
 ALPHA = 0.05
 CONFIG = GateConfig()
 RECOMMENDED_RUNS = 30
+P99_NS = 200_000.0  # per-run values far above the 5 µs floor: the 5 % limit applies
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -132,6 +133,62 @@ def test_too_few_runs_is_inconclusive_and_says_how_many() -> None:
     # A family of 40 needs p < 0.05/40 to be reachable: 5 runs per side cannot (1/252).
     result = compare([1e5] * 5, [2e5] * 5, 0.99, CONFIG, family_size=40)
     assert result.outcome is Outcome.INCONCLUSIVE and "at least 6" in result.reason
+
+
+def test_runs_to_pass_sizes_an_unchanged_build_to_pass_eight_times_in_ten() -> None:
+    """Ground truth by simulation: lognormal per-run values, true ratio 1. An inconclusive A/A
+    at 8 runs per side estimates the runs needed; at that many runs (fresh draws) an unchanged
+    build must pass about PASS_POWER of the time, at half as many clearly less often."""
+    rng = _rng(7)
+    spread = 0.06  # sd of log per-run quantile: 5 % limit at 1.7 sigma per run
+    estimates = []
+    for _ in range(9):
+        small = compare(
+            P99_NS * np.exp(rng.normal(0, spread, 8)),
+            P99_NS * np.exp(rng.normal(0, spread, 8)),
+            0.99,
+            CONFIG,
+        )
+        assert small.outcome is not Outcome.REGRESSION
+        estimates.append(small.runs_to_pass)
+    needed = math.ceil(float(np.median(estimates)))
+    assert 10 <= needed <= 40
+
+    def pass_rate(runs: int, trials: int = 300) -> float:
+        outcomes = [
+            compare(
+                P99_NS * np.exp(rng.normal(0, spread, runs)),
+                P99_NS * np.exp(rng.normal(0, spread, runs)),
+                0.99,
+                CONFIG,
+            ).outcome
+            for _ in range(trials)
+        ]
+        return outcomes.count(Outcome.PASS) / trials
+
+    assert 0.68 <= pass_rate(needed) <= 0.92
+    assert pass_rate(needed // 2) < 0.6
+
+
+def test_inconclusive_says_how_many_runs_or_that_runs_cannot_help() -> None:
+    rng = _rng(3)
+    noisy = compare(
+        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
+        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
+        0.99,
+        CONFIG,
+    )
+    assert noisy.outcome is Outcome.INCONCLUSIVE
+    assert f"about {math.ceil(noisy.runs_to_pass)} runs per side" in noisy.reason
+    at_one = GateConfig(min_effect=0.0, min_effect_ns=0.0)  # a limit of ratio 1: never shown below
+    flat = compare(
+        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
+        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
+        0.99,
+        at_one,
+    )
+    assert flat.outcome is Outcome.INCONCLUSIVE
+    assert "more runs would not decide it" in flat.reason
 
 
 def test_deterministic() -> None:
