@@ -13,6 +13,7 @@ from scipy.stats import mannwhitneyu
 from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.analysis.gate import (
     DEFAULT_SERIES,
+    Comparison,
     GateConfig,
     GateInputError,
     Outcome,
@@ -135,6 +136,14 @@ def test_too_few_runs_is_inconclusive_and_says_how_many() -> None:
     assert result.outcome is Outcome.INCONCLUSIVE and "at least 6" in result.reason
 
 
+def _unchanged(
+    rng: np.random.Generator, spread: float, runs: int, config: GateConfig = CONFIG
+) -> Comparison:
+    """A/A: both sides' per-run P99s lognormal around P99_NS with this sd of log."""
+    sides = (P99_NS * np.exp(rng.normal(0, spread, runs)) for _ in range(2))
+    return compare(*sides, 0.99, config)
+
+
 def test_runs_to_pass_sizes_an_unchanged_build_to_pass_eight_times_in_ten() -> None:
     """Ground truth by simulation: lognormal per-run values, true ratio 1. An inconclusive A/A
     at 8 runs per side estimates the runs needed; at that many runs (fresh draws) an unchanged
@@ -143,27 +152,14 @@ def test_runs_to_pass_sizes_an_unchanged_build_to_pass_eight_times_in_ten() -> N
     spread = 0.06  # sd of log per-run quantile: 5 % limit at 1.7 sigma per run
     estimates = []
     for _ in range(9):
-        small = compare(
-            P99_NS * np.exp(rng.normal(0, spread, 8)),
-            P99_NS * np.exp(rng.normal(0, spread, 8)),
-            0.99,
-            CONFIG,
-        )
+        small = _unchanged(rng, spread, 8)
         assert small.outcome is not Outcome.REGRESSION
         estimates.append(small.runs_to_pass)
     needed = math.ceil(float(np.median(estimates)))
     assert 10 <= needed <= 40
 
     def pass_rate(runs: int, trials: int = 300) -> float:
-        outcomes = [
-            compare(
-                P99_NS * np.exp(rng.normal(0, spread, runs)),
-                P99_NS * np.exp(rng.normal(0, spread, runs)),
-                0.99,
-                CONFIG,
-            ).outcome
-            for _ in range(trials)
-        ]
+        outcomes = [_unchanged(rng, spread, runs).outcome for _ in range(trials)]
         return outcomes.count(Outcome.PASS) / trials
 
     assert 0.68 <= pass_rate(needed) <= 0.92
@@ -172,21 +168,11 @@ def test_runs_to_pass_sizes_an_unchanged_build_to_pass_eight_times_in_ten() -> N
 
 def test_inconclusive_says_how_many_runs_or_that_runs_cannot_help() -> None:
     rng = _rng(3)
-    noisy = compare(
-        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
-        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
-        0.99,
-        CONFIG,
-    )
+    noisy = _unchanged(rng, 0.2, 12)
     assert noisy.outcome is Outcome.INCONCLUSIVE
     assert f"about {math.ceil(noisy.runs_to_pass)} runs per side" in noisy.reason
     at_one = GateConfig(min_effect=0.0, min_effect_ns=0.0)  # a limit of ratio 1: never shown below
-    flat = compare(
-        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
-        P99_NS * np.exp(rng.normal(0, 0.2, 12)),
-        0.99,
-        at_one,
-    )
+    flat = _unchanged(rng, 0.2, 12, at_one)
     assert flat.outcome is Outcome.INCONCLUSIVE
     assert "more runs would not decide it" in flat.reason
 
