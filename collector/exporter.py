@@ -371,13 +371,12 @@ class PrometheusExporter:
         """Forget how series of cgroups long gone were exported (bounded under churn)."""
         windows = [window.sums for window in self._windows.values()]
         held = len(document.counters) + len(self._last_sparse) + sum(len(s) for s in windows)
-        if len(self._folds) <= 2 * held:
+        if len(self._folds) <= 2 * held:  # held >= the live series: no need to list them
             return
         live = {("", raw) for sums in windows for raw in sums}
         live.update(("", raw) for raw in self._last_sparse)
         live.update((c.name, _key(c.labels)) for c in document.counters)
-        if len(self._folds) > 2 * len(live):
-            self._folds = {key: fold for key, fold in self._folds.items() if key in live}
+        self._folds = {key: fold for key, fold in self._folds.items() if key in live}
 
     def _rank(
         self, document: HistDocument, raws: list[LabelKey], sparse: Mapping[LabelKey, _Sparse]
