@@ -131,10 +131,17 @@ def _agent_cost(board: dash.Dashboard) -> dash.Dashboard:
         .with_panel(
             timeseries_panel(
                 "Dropped events per second",
-                [query(drops, "{{probe}} {{reason}}")],
+                [
+                    query(drops, "{{probe}} {{reason}}"),
+                    query(
+                        rate(m.BPF_MISSED_RUNS, ["probe", "program"]),
+                        "{{probe}} {{program}} missed",
+                    ),
+                ],
                 unit="ops",
                 description="Anything a probe could not record (full maps, ring buffer, "
-                "rate limit): non-zero means histograms undercount.",
+                "rate limit), and events the kernel did not run a program for (already running "
+                "on that CPU): non-zero means histograms undercount.",
             )
         )
         .with_panel(
