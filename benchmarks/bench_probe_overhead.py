@@ -21,10 +21,12 @@ HERE = Path(__file__).resolve().parent
 
 def prog_stats(fd: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a loaded program, from the kernel."""
-    fields = dict(
-        line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
-    )
-    return int(fields["run_time_ns"]), int(fields["run_cnt"])
+    from tailsight.collector.exporter import read_program_stats
+
+    stats = read_program_stats(Path("/proc"), fd)
+    if stats is None:
+        raise RuntimeError(f"no BPF run-time stats for fd {fd} in /proc/self/fdinfo")
+    return stats.run_time_ns, stats.run_cnt
 
 
 def _ping_pong_child(cpu: int, rounds_fd: tuple[int, int], first: bool) -> None:
