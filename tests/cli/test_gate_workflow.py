@@ -124,12 +124,16 @@ def _replay(itch: Path, out: Path, runs: int, delay_us: float = 0.0) -> Path:
 def _replay_interleaved(
     itch: Path, root: Path, delays_us: dict[str, float], blocks: int, runs: int
 ) -> dict[str, list[Path]]:
-    """Block by block, each side in turn (A B A' A B A' ...), as `make gate` does: a slow drift
-    of the shared machine then hits every side alike (CI once saw A and A' run one after the
-    other differ by 18 % at the P50, a false regression)."""
+    """Block by block, each side in turn, as `make gate` does: a slow drift of the shared machine
+    then hits every side alike (CI once saw A and A' run one after the other differ by 18 % at
+    the P50, a false regression). Every other block runs in reverse (A B A', A' B A, ...), so
+    each side has each place and each predecessor equally often: in a fixed order A' always
+    followed the busy-waiting B, and CI twice saw all of A' runs' P99s above all of A's
+    (ratio >= 1.5-1.9, called a regression) — the machine slower after B's spinning."""
     folders: dict[str, list[Path]] = {side: [] for side in delays_us}
     for block in range(blocks):
-        for side, delay_us in delays_us.items():
+        order = list(delays_us.items())
+        for side, delay_us in order if block % 2 == 0 else reversed(order):
             folders[side].append(_replay(itch, root / side / f"block{block}", runs, delay_us))
     return folders
 
@@ -156,7 +160,7 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
         check=True, capture_output=True,
     )  # fmt: skip
     delay_us = 300.0  # far above the in-system P50: unmistakable
-    sides = _replay_interleaved(itch, tmp_path, {"A": 0.0, "B": delay_us, "A2": 0.0}, 3, 2)
+    sides = _replay_interleaved(itch, tmp_path, {"A": 0.0, "B": delay_us, "A2": 0.0}, 4, 2)
     base, slow, same = sides["A"], sides["B"], sides["A2"]
 
     ab = _gate(base, slow)
