@@ -7,6 +7,7 @@ victim alone) must hold no incident of the victim. The benchmark
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,11 @@ from tailsight.analysis.inject import (
     score,
 )
 from tailsight.analysis.report_html import render_html
+from tailsight.probes.runqueue import read_steal_ns
+
+STEAL_DISTURBED = 0.01
+"""Steal of one CPU, as a share of a quiet recording's time, above which it was not quiet (quiet
+runs here: about 0.2 %; the 3 Dec incidents: 26-40 % for seconds)."""
 
 
 @pytest.mark.kernel
@@ -58,7 +64,23 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
 @pytest.mark.kernel
 @pytest.mark.slow
 def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_path: Path) -> None:
-    injection = run_injection(QUIET, tmp_path / "rec", baseline_s=8.0, fault_s=8.0)
-    report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
-    result = score(report, injection, tolerance_s=float("inf"))
-    assert not result.found, report.render_text()
+    # The premise, a quiet machine, is checked on its own: this VM's hypervisor now and then
+    # takes a vCPU (26-40 % of CPU 0 for seconds, seen 3 Dec) and the victim's wait really rises.
+    # A try whose incident the report puts on hypervisor steal, while /proc/stat (read here, not
+    # by the code under test) shows a CPU's steal at >= STEAL_DISTURBED of the recording, was
+    # not quiet: it does not count, and the next try is a new recording (up to three). Any other
+    # incident fails at once.
+    tries = []
+    for attempt in range(3):
+        steal_before, start_s = read_steal_ns(), time.monotonic()
+        injection = run_injection(QUIET, tmp_path / f"rec{attempt}", baseline_s=8.0, fault_s=8.0)
+        wall_ns = (time.monotonic() - start_s) * 1e9
+        stolen = max(n - steal_before.get(cpu, n) for cpu, n in read_steal_ns().items())
+        report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
+        result = score(report, injection, tolerance_s=float("inf"))
+        if not result.found:
+            return
+        tries.append(f"steal {stolen / wall_ns:.1%} of a CPU; {result}\n{report.render_text()}")
+        if not (result.named.startswith("steal") and stolen >= STEAL_DISTURBED * wall_ns):
+            break
+    pytest.fail("\n\n".join(tries))
