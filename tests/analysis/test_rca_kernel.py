@@ -75,7 +75,9 @@ def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_p
         steal_before, start_s = read_steal_ns(), time.monotonic()
         injection = run_injection(QUIET, tmp_path / f"rec{attempt}", baseline_s=8.0, fault_s=8.0)
         wall_ns = (time.monotonic() - start_s) * 1e9
-        stolen = max(n - steal_before.get(cpu, n) for cpu, n in read_steal_ns().items())
+        stolen = max(
+            (n - steal_before.get(cpu, n) for cpu, n in read_steal_ns().items()), default=0
+        )
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection, tolerance_s=float("inf"))
         if not result.found:

@@ -11,6 +11,7 @@ import select
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,20 +140,20 @@ def _evidence(probe: TcpStateProbe, interval: Snapshot, start_ns: int, port: int
     still tracked since the test began, and the kernel's own table of the server port's sockets."""
     drops = {dict(k)["reason"]: n for (name, k), n in interval.counters.items() if name == DROPPED}
     stats = read_program_stats(Path("/proc"), probe.program_fds()["inet_sock_set_state"])
-    tracked: dict[str, int] = {}
-    for _, entry in probe._bpf[b"tcpstate_socks"].items():
-        if entry.entered_ns >= start_ns:
-            name = state_name(int(entry.state))
-            tracked[name] = tracked.get(name, 0) + 1
-    kernel: dict[str, int] = {}  # /proc/net/tcp: sl, local, remote (hex ip:port), state (hex)
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[2].split(":")[1], 16) == port or int(fields[1].split(":")[1], 16) == port:
-            name = state_name(int(fields[3], 16))
-            kernel[name] = kernel.get(name, 0) + 1
+    tracked = Counter(
+        state_name(int(entry.state))
+        for _, entry in probe._bpf[b"tcpstate_socks"].items()
+        if entry.entered_ns >= start_ns
+    )
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    kernel = Counter(  # /proc/net/tcp: sl, local, remote (hex ip:port), state (hex)
+        state_name(int(fields[3], 16))
+        for fields in rows
+        if port in (int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16))
+    )
     return (
         f"drops {drops}; missed runs {stats.missed_runs if stats else '?'}; still tracked "
-        f"{tracked}; kernel's sockets on port {port}: {kernel}"
+        f"{dict(tracked)}; kernel's sockets on port {port}: {dict(kernel)}"
     )
 
 
