@@ -64,13 +64,16 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
 @pytest.mark.kernel
 @pytest.mark.slow
 def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_path: Path) -> None:
-    # The premise, a quiet machine, is checked on its own: this VM's hypervisor now and then
-    # takes a vCPU (26-40 % of CPU 0 for seconds, seen 3 Dec) and the victim's wait really rises.
-    # A try whose incident the report puts on hypervisor steal, while /proc/stat (read here, not
-    # by the code under test) shows a CPU's steal at >= STEAL_DISTURBED of the recording, was
-    # not quiet: it does not count, and the next try is a new recording (up to three). Any other
-    # incident fails at once.
+    # The goal is no incident in >= 95 % of quiet recordings (issue 15), so one recording may
+    # hold one up to 1 in 20 by design (CI saw the victim's P99 rise 15 -> 26 us, p=0.007, 1.7
+    # events per interval above 25 us): the test fails at a second recording with an incident
+    # (at the goal, at most 1 in 400). The premise, a quiet machine, is checked on its own: this
+    # VM's hypervisor now and then takes a vCPU (26-40 % of CPU 0 for seconds, seen 3 Dec) and
+    # the victim's wait really rises. A try whose incident the report puts on hypervisor steal,
+    # while /proc/stat (read here, not by the code under test) shows a CPU's steal at >=
+    # STEAL_DISTURBED of the recording, was not quiet and does not count. Three recordings at most.
     tries = []
+    incidents = 0
     for attempt in range(3):
         steal_before, start_s = read_steal_ns(), time.monotonic()
         injection = run_injection(QUIET, tmp_path / f"rec{attempt}", baseline_s=8.0, fault_s=8.0)
@@ -84,5 +87,7 @@ def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_p
             return
         tries.append(f"steal {stolen / wall_ns:.1%} of a CPU; {result}\n{report.render_text()}")
         if not (result.named.startswith("steal") and stolen >= STEAL_DISTURBED * wall_ns):
-            break
+            incidents += 1
+            if incidents == 2:
+                break
     pytest.fail("\n\n".join(tries))

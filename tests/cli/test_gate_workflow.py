@@ -179,5 +179,12 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     (decision,) = [s for s in median["stages"] if s["stage"] == "decision"]
     assert decision["candidate_ns"] - decision["baseline_ns"] > 0.7 * delay_us * 1e3, decision
 
+    # A gate built for at most one false fail in 10 A/A comparisons (issue 11) fails one A/A up
+    # to that often by design; what this test rejects is a false regression in a fresh,
+    # interleaved A/A pair as well (at the goal, at most 1 in 100).
     aa = _gate(base, same)
-    assert aa["outcome"] != "regression", json.dumps(aa["comparisons"], indent=1)
+    if aa["outcome"] == "regression":
+        first = json.dumps(aa["comparisons"], indent=1)
+        again = _replay_interleaved(itch, tmp_path / "again", {"A": 0.0, "A2": 0.0}, 4, 2)
+        aa = _gate(again["A"], again["A2"])
+        assert aa["outcome"] != "regression", (first, json.dumps(aa["comparisons"], indent=1))
