@@ -46,6 +46,10 @@
  * (connect/accept/close loop, same run): tp_btf 509-543 vs 75-79 ns (6.8-7.0x) on series
  * slots; before, with two hash lookup-or-inits per sample: 620-720 vs 74-78 ns (7.9-9.2x).
  * What remains is the per-socket LRU hash (lookup, then update or delete) and the clock read.
+ * BPF socket local storage instead of the LRU hash (tp_btf only; created at a birth, left at
+ * CLOSE, freed with the socket) was slower here: 316-320 vs 252-258 ns/event, loopback
+ * connections/s -9.8 to -11.2 % vs -8.4 to -9.4 % with the probe on (4 Dec, 3 rounds each,
+ * interleaved); its per-socket allocation costs more than an LRU update.
  * Remembering established ends for the other-end lookup (two port reads and two stores into an
  * array on each move to ESTABLISHED, ~2 of a loopback connection's ~10 transitions), same
  * benchmark, three 5 s runs each on the shared machine: before 303-314 vs 56-59 ns (5.30-5.39x),

@@ -72,6 +72,9 @@ def run_demo(out: Path, interrupt_after_injection_s: float | None = None) -> Wat
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as in a terminal: a test run started as a background job of a non-interactive
+        # shell has SIGINT ignored, which the demo would inherit (and Python then keeps).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     watched = Watched(base=_cgroup_mount() / f"tailsight-demo-{demo.pid}")
     deadline = time.monotonic() + 180
