@@ -24,17 +24,20 @@ test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks
 bench: setup  ## benchmarks (figures with same-run baselines)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
 
-# Latency gate of two revisions (docs/ci-gate.md): RUNS per side, DURATION s per run, same
-# PLACEMENT (replay --placement) for both; BLOCK runs per replay invocation (default 5; 1:
-# A B A B ..., each run its own set-up); GATE_ARGS go to tailsight gate. Run `make setup` first.
+# Latency gate of two revisions (docs/ci-gate.md): RUNS per side, DURATION s per run; optional
+# overrides of scripts/gate_revs.py's defaults, the same for both sides: PLACEMENT (replay
+# --placement; default auto), BUSY_POLL (0 or 1; default 1), BLOCK (runs per replay invocation;
+# default 1). GATE_ARGS go to tailsight gate. Run `make setup` first.
 RUNS ?= 30
 DURATION ?= 5
 PLACEMENT ?=
+BUSY_POLL ?=
 GATE_ARGS ?=
 gate:  ## make gate BASE=<rev> CAND=<rev>: interleaved replays of both, then tailsight gate
 	@test -n "$(BASE)" -a -n "$(CAND)" || { echo "usage: make gate BASE=<rev> CAND=<rev>"; exit 2; }
 	$(PY) scripts/gate_revs.py --base "$(BASE)" --cand "$(CAND)" --runs $(RUNS) \
 		--duration $(DURATION) $(if $(PLACEMENT),--placement "$(PLACEMENT)") \
+		$(if $(filter 1,$(BUSY_POLL)),--busy-poll)$(if $(filter 0,$(BUSY_POLL)),--no-busy-poll) \
 		$(if $(BLOCK),--block $(BLOCK)) -- $(GATE_ARGS)
 
 lint: setup  ## ruff + mypy

@@ -47,6 +47,14 @@ def test_workflow_runs_make_gate_with_the_recommended_runs() -> None:
     )  # fmt: skip
     assert 'scripts/gate_revs.py --base "a" --cand "b" --runs 7' in dry.stdout
     assert "--duration 2" in dry.stdout and "-- --json" in dry.stdout
+    # The script's defaults (placement auto, busy poll, one run per block) unless overridden.
+    assert "--placement" not in dry.stdout and "busy-poll" not in dry.stdout
+    override = subprocess.run(
+        ["make", "-n", "gate", "BASE=a", "CAND=b", "PLACEMENT=none", "BUSY_POLL=0", "BLOCK=5"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert '--placement "none"' in override.stdout and "--no-busy-poll" in override.stdout
+    assert "--block 5" in override.stdout
 
 
 def test_gate_revs_refuses_an_unknown_revision() -> None:
@@ -78,10 +86,6 @@ def test_workflow_gate_step_passes_head_against_itself(kernel_ready: None, tmp_p
             "RUNS": "5",
             "DURATION": "1",
             "GATE_ARGS": "--min-effect 0.5",  # 5 runs of 1 s cannot show a 5 % bound
-            # One run per block, A B A B ...: in one block per side a disturbance of the shared
-            # machine hit only the candidate's five runs (CI, 3 Dec: every stage 2.5-16x
-            # slower, P99 5.9x, a false regression of HEAD against itself).
-            "BLOCK": "1",
             "VENV": str(REPO / ".venv"),
         }
         command = step["run"].replace("sudo ", "")
@@ -93,6 +97,9 @@ def test_workflow_gate_step_passes_head_against_itself(kernel_ready: None, tmp_p
         assert "built base: HEAD" in report and "built cand: HEAD" in report
         assert "stage=in_system_tick_to_t" in report  # the default series, gated
         assert "5 baseline runs, 5 candidate runs" in report
+        # The script's defaults: one run per block (A B A B ...), pinned (auto on two CPUs).
+        assert "in 5 interleaved blocks" in report
+        assert "placement=exchange=0,trading=1" in report.replace("\n", "")
         # Ground truth: the same commit on both sides is no regression. Expected: PASS; on this
         # shared 2-core VM five 1 s runs vary too much (run P50s 0.2-6 ms) to show even a 50 %
         # bound, so INCONCLUSIVE is accepted too (make turns its exit 3 into 2); never an error.
