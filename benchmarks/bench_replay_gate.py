@@ -1,11 +1,14 @@
 """Regression gate on real tick replays: A/A false fails and passes, power at +10 % in-system P99
 (the strategy's calibration-only ``--inject-delay-us``), runs per side needed; Wilson intervals.
 
-Each trial replays one generated ITCH day three times, interleaved A, B, A' (``--runs`` runs each,
-fresh runs per trial): A/A = gate(A, A'), A/B = gate(A, B). The delay is sized once, from a pilot's
-in-system P99, so that B's P99 is 10 % above A's. "Runs per side needed" resamples the measured
-runs (with replacement) at larger run counts; same-run baseline: a pooled per-event test (all
-events of a side in one histogram) on the same A/A pairs. Needs root; run under the heavy lock.
+Each trial replays one generated ITCH day ``--runs`` times per set, interleaved A B A' A B A' ...
+(fresh runs per trial): A/A = gate(A, A'), A/B = gate(A, B). As in ``make gate``, every run is its
+own ``replay`` invocation (``--block`` runs per invocation to change that): runs of one
+invocation share its state, which the rank test does not allow for. The delay is sized once,
+from a pilot's in-system P99, so that B's P99 is 10 % above A's. "Runs per side needed" resamples
+the measured runs (with replacement) at larger run counts; same-run baseline: a pooled per-event
+test (all events of a side in one histogram) on the same A/A pairs. Needs root; run under the
+heavy lock.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ def tailsight(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def replay_set(
-    itch: Path, out: Path, args: argparse.Namespace, delay_us: float
+    itch: Path, out: Path, args: argparse.Namespace, delay_us: float, runs: int
 ) -> tuple[list[HistDocument], int]:
-    """One replay invocation of ``args.runs`` runs: the documents written, and failed runs."""
-    command = ["replay", str(itch), "--runs", str(args.runs), "--duration", str(args.duration)]
+    """One replay invocation of ``runs`` runs: the documents written, and failed runs."""
+    command = ["replay", str(itch), "--runs", str(runs), "--duration", str(args.duration)]
     command += ["--path", args.path, "--out", str(out)]
     if args.placement:
         command += ["--placement", args.placement]
@@ -106,6 +109,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke test)")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--runs", type=int, default=10, help="runs per side per trial")
+    parser.add_argument("--block", type=int, default=1, help="runs per replay invocation")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per run")
     parser.add_argument("--rate", type=float, default=2_000.0, help="messages per second")
     parser.add_argument("--path", default="afxdp", choices=("afxdp", "udp"))
@@ -122,8 +126,8 @@ def main() -> None:
     if os.geteuid() != 0:
         print("bench_replay_gate: needs root (namespaces, XDP, AF_XDP); skipped")
         return
-    if args.quick:
-        args.trials, args.runs, args.duration = 3, 5, 1.0
+    if args.quick:  # one invocation per set: the smoke test pays the set-up 3x, not 15x
+        args.trials, args.runs, args.duration, args.block = 3, 5, 1.0, 5
     config = GateConfig()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-replay-gate-") as tmp:
@@ -137,7 +141,7 @@ def main() -> None:
             delay_us, sized = args.delay_us, "given"
         else:
             with held(args.lock):
-                pilot, _ = replay_set(itch, root / "pilot", args, 0.0)
+                pilot, _ = replay_set(itch, root / "pilot", args, 0.0, args.runs)
             p99_us = float(np.nanmedian(in_system(pilot, 0.99))) / 1e3
             if not math.isfinite(p99_us):
                 sys.exit("no in-system series in the pilot runs")
@@ -147,7 +151,8 @@ def main() -> None:
             sized = f"pilot in-system P99 {p99_us:.1f} µs"
         print(
             f"replay gate calibration: {args.trials} trials x (A, B, A') x {args.runs} runs of "
-            f"{args.duration:g} s, {messages:,} messages, path {args.path}"
+            f"{args.duration:g} s, {args.block} per replay invocation, {messages:,} messages, "
+            f"path {args.path}"
             f"{', placement ' + args.placement if args.placement else ''}\n"
             f"  {sized} -> --inject-delay-us {delay_us:.1f} "
             f"(+{args.ratio - 1:.0%} P99); gate: P50+P99, alpha {config.alpha}, "
@@ -160,11 +165,15 @@ def main() -> None:
         failed = 0
         measured_ratio: list[float] = []
         for trial in range(args.trials):
-            sets = {}
+            sets: dict[str, list[HistDocument]] = {"A": [], "B": [], "A2": []}
             with held(args.lock):
-                for name, delay in (("A", 0.0), ("B", delay_us), ("A2", 0.0)):  # interleaved
-                    documents, lost = replay_set(itch, root / f"t{trial}-{name}", args, delay)
-                    sets[name], failed = documents, failed + lost
+                for block in range(math.ceil(args.runs / args.block)):
+                    runs = min(args.block, args.runs - block * args.block)
+                    for name, delay in (("A", 0.0), ("B", delay_us), ("A2", 0.0)):  # interleaved
+                        out = root / f"t{trial}-{name}-{block}"
+                        documents, lost = replay_set(itch, out, args, delay, runs)
+                        sets[name] += documents
+                        failed += lost
             aa = gate_documents(sets["A"], sets["A2"], config=config)
             ab = gate_documents(sets["A"], sets["B"], config=config)
             outcomes["A/A"][aa.outcome] += 1

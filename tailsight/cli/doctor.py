@@ -19,17 +19,32 @@ def doctor(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the checks as a JSON list.")
     ] = False,
+    noise: Annotated[
+        float,
+        typer.Option(
+            "--noise",
+            min=0.0,
+            help="Also measure each CPU's noise floor for this many seconds (one CPU at a time).",
+        ),
+    ] = 0.0,
     proc_root: Annotated[Path, typer.Option("--proc", hidden=True)] = Path("/proc"),
     sys_root: Annotated[Path, typer.Option("--sys", hidden=True)] = Path("/sys"),
     modules_root: Annotated[Path, typer.Option("--modules", hidden=True)] = Path("/lib/modules"),
     search_path: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Check privileges, BTF, bcc, offsets and tracepoints; exit 1 if a required check fails."""
+    """Check privileges, BTF, bcc, offsets and tracepoints; exit 1 if a required check fails.
+
+    With --noise, also how much of each CPU a task that never blocks loses (a warning above 1 %).
+    """
     from tailsight.probes.features import Host, run_checks
 
     checks = run_checks(
         Host(proc=proc_root, sys=sys_root, modules=modules_root, search_path=search_path)
     )
+    if noise > 0:
+        from tailsight.probes.noise import noise_checks
+
+        checks += noise_checks(noise)
     if json_output:
         typer.echo(json.dumps([dataclasses.asdict(check) for check in checks], indent=2))
     else:

@@ -4,6 +4,7 @@ a fake unprivileged tree, tables within 80 columns."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,13 @@ def test_doctor_table_here(kernel_ready: None) -> None:
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.output.splitlines()) <= 80
     assert result.output.rstrip().endswith("all required checks passed")
+
+
+def test_noise_option_adds_one_check_per_cpu(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main.app, [*_fake_args(tmp_path), "--json", "--noise", "0.05"])
+    assert result.exit_code == 1, result.output  # the fake tree's own failures, as above
+    noise = [c for c in json.loads(result.output) if c["name"].startswith("noise ")]
+    assert [c["name"] for c in noise] == [
+        f"noise cpu{cpu}" for cpu in sorted(os.sched_getaffinity(0))
+    ]
+    assert all(not c["required"] and " of 0.05 s lost: " in c["detail"] for c in noise)
