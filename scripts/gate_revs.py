@@ -119,6 +119,20 @@ def replay_block(side: Side, args: argparse.Namespace, itch: Path, block: int, r
         print(f"   {side.name}: some runs failed:\n{result.stderr[-1000:]}", flush=True)
 
 
+def noise_floor(placement: str, seconds: float = 0.5) -> str:
+    """Each CPU the replays use: the share of ``seconds`` a pinned spin loop loses
+    (``tailsight doctor --noise``); a P99 near that share moves with it (docs/ci-gate.md)."""
+    from tailsight.probes.noise import measure_noise
+    from tailsight.trading_core.replay import Placement
+
+    pinned = list(Placement.parse(placement).cpus.values())
+    cpus = sorted(frozenset().union(*pinned)) if pinned else sorted(os.sched_getaffinity(0))
+    floors = [measure_noise(cpu, seconds) for cpu in cpus]
+    return ", ".join(
+        f"cpu{f.cpu} {f.lost_fraction:.1%} lost ({f.gaps_per_s:.0f} gaps/s > 20 µs)" for f in floors
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tailsight-gate-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -150,11 +164,13 @@ def run(args: argparse.Namespace) -> int:
                  "--messages", str(args.messages or round(args.rate * args.duration))],
                 check=True, stdout=subprocess.DEVNULL,
             )  # fmt: skip
+        print(f"== noise floor before: {noise_floor(args.placement)}", flush=True)
         blocks = math.ceil(args.runs / args.block)
         for block in range(blocks):  # A B A B ...: slow drifts of the machine hit both alike
             runs = min(args.block, args.runs - block * args.block)
             for side in sides:
                 replay_block(side, args, itch, block, runs)
+        print(f"== noise floor after: {noise_floor(args.placement)}", flush=True)
         gate = [sys.executable, "-c", CLI, "gate"]
         for side in sides:
             for block_dir in sorted(p for p in side.runs.glob("block*") if any(p.glob("*.json"))):

@@ -99,6 +99,7 @@ def test_workflow_gate_step_passes_head_against_itself(kernel_ready: None, tmp_p
         assert "5 baseline runs, 5 candidate runs" in report
         # The script's defaults: one run per block (A B A B ...), pinned (auto on two CPUs).
         assert "in 5 interleaved blocks" in report
+        assert "== noise floor before: cpu0 " in report and "== noise floor after: cpu0 " in report
         assert "placement=exchange=0,trading=1" in report.replace("\n", "")
         # Ground truth: the same commit on both sides is no regression. Expected: PASS; on this
         # shared 2-core VM five 1 s runs vary too much (run P50s 0.2-6 ms) to show even a 50 %
