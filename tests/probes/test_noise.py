@@ -26,14 +26,13 @@ def _two_cpus() -> tuple[int, int]:
 @pytest.mark.slow
 def test_a_hog_on_the_same_cpu_takes_about_half_and_one_elsewhere_none() -> None:
     here, there = _two_cpus()
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(here)], stdout=subprocess.PIPE)
-    try:
-        assert hog.stdout is not None and hog.stdout.readline() == b"\n"  # pinned and spinning
-        shared = measure_noise(here, seconds=2.0)
-        apart = measure_noise(there, seconds=2.0)
-    finally:
-        hog.kill()
-        hog.wait()
+    with subprocess.Popen([sys.executable, "-c", HOG, str(here)], stdout=subprocess.PIPE) as hog:
+        try:
+            assert hog.stdout is not None and hog.stdout.readline() == b"\n"  # pinned, spinning
+            shared = measure_noise(here, seconds=2.0)
+            apart = measure_noise(there, seconds=2.0)
+        finally:
+            hog.kill()
     # Ground truth: two always-runnable tasks of equal weight on one CPU get half of it each,
     # in scheduler slices (ms), far longer than the 20 µs threshold.
     assert 0.35 < shared.lost_fraction < 0.65, shared
