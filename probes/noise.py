@@ -46,6 +46,14 @@ class NoiseFloor:
     def gaps_per_s(self) -> float:
         return len(self.gaps_ns) / self.seconds
 
+    def describe(self) -> str:
+        """One line: share lost, gap rate, median and longest gap."""
+        return (
+            f"{self.lost_fraction:.1%} of {self.seconds:g} s lost: {self.gaps_per_s:.0f} gaps/s "
+            f"> {GAP_THRESHOLD_NS / 1e3:g} µs, median {self.gap_quantile_ns(0.5) / 1e3:.0f} µs, "
+            f"max {self.gap_quantile_ns(1.0) / 1e3:.0f} µs"
+        )
+
     def gap_quantile_ns(self, q: float) -> int:
         """Nearest-rank quantile of the gap lengths (0 when there were none)."""
         if not self.gaps_ns:
@@ -80,12 +88,8 @@ def measure_noise(
 def noise_check(floor: NoiseFloor) -> Check:
     """The doctor's line for one CPU: never required, a warning above ``LOST_OK``."""
     ok = floor.lost_fraction <= LOST_OK
-    detail = (
-        f"{floor.lost_fraction:.1%} of {floor.seconds:g} s lost: {floor.gaps_per_s:.0f} gaps/s "
-        f"> {GAP_THRESHOLD_NS / 1e3:g} µs, median {floor.gap_quantile_ns(0.5) / 1e3:.0f} µs, "
-        f"max {floor.gap_quantile_ns(1.0) / 1e3:.0f} µs"
-    )
-    return Check(f"noise cpu{floor.cpu}", ok, detail, None if ok else FIX_NOISY, required=False)
+    fix = None if ok else FIX_NOISY
+    return Check(f"noise cpu{floor.cpu}", ok, floor.describe(), fix, required=False)
 
 
 def noise_checks(seconds: float) -> list[Check]:

@@ -127,10 +127,7 @@ def noise_floor(placement: str, seconds: float = 0.5) -> str:
 
     pinned = list(Placement.parse(placement).cpus.values())
     cpus = sorted(frozenset().union(*pinned)) if pinned else sorted(os.sched_getaffinity(0))
-    floors = [measure_noise(cpu, seconds) for cpu in cpus]
-    return ", ".join(
-        f"cpu{f.cpu} {f.lost_fraction:.1%} lost ({f.gaps_per_s:.0f} gaps/s > 20 µs)" for f in floors
-    )
+    return "; ".join(f"cpu{cpu} {measure_noise(cpu, seconds).describe()}" for cpu in cpus)
 
 
 def run(args: argparse.Namespace) -> int:
