@@ -715,8 +715,11 @@ def _incident(
     # calls can still be the root cause).
     mine = jump_cgroups(shown[0])
     waiting = shown[0].labels.get("probe") == "runqueue"
+    # An all-cgroups wait counts its largest source as starved (CI, 4 Dec: the inference
+    # worker's victim, whose own wait had too few events before to be tested, failed sends
+    # with EAGAIN ranked before the worker's displacement of it).
     starved = set().union(
-        set(), *(jump_cgroups(j) for j in leaves if j.labels.get("probe") == "runqueue")
+        set(), *(jump_cgroups(j) for j in chosen if j.labels.get("probe") == "runqueue")
     )
     # Retransmits with a known other end: those towards the headline's cgroup (the data it
     # waits for) before those it sent itself (requests whose acknowledgement was lost with them).

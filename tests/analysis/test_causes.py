@@ -365,6 +365,40 @@ def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
     assert ("syscall_errors", None) in kinds, kinds
 
 
+def test_failing_calls_rank_after_what_starved_them_under_an_all_cgroups_headline() -> None:
+    """Only the all-cgroups run-queue wait jumps: /victim called too rarely before the change for
+    its own wait to be tested (20 events per interval), /bulk's is steady. /victim, the largest
+    source of the rise, is starved by /worker, and its sends fail with EAGAIN (new). The
+    displacement comes first (CI, 4 Dec, ranked the errors first: only a leaf's wait counted
+    its cgroup as starved)."""
+    rng = np.random.default_rng(13)
+    calm = LatencyModel()
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(calm.with_component(0.3, 3e6, 0.3) if late else calm, rng, 20)),
+            Series({"probe": "runqueue", "cgroup": "/bulk"}, _hist(calm, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (30e6 if late else 1e5) / 8)),
+                     victim="/victim", aggressor="/worker"),
+            _counter("netsyscall_errors", "netsyscall", int(rng.poisson(6 if late else 0.001)),
+                     cgroup="/victim", syscall="sendto", errno="EAGAIN"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    incident = report.incidents[0]
+    assert [j.title() for j in incident.jumps] == ["run-queue wait of all cgroups"]
+    kinds = [(c.kind, c.cgroup, c.labels.get("aggressor")) for c in incident.causes]
+    assert kinds[0] == ("displacement", "/victim", "/worker"), kinds
+    assert ("syscall_errors", "/victim", None) in kinds, kinds
+
+
 def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more() -> None:
     """/neighbour floods the unix socket of /server, which /victim also talks to: /victim's
     sendto tail rises, /server (busier: it answers the flood) displaces /victim more, and its
