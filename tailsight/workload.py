@@ -116,7 +116,7 @@ class Workload:
         return [p for t, p in self.processes if t.group == group][n]
 
     def start(self) -> None:
-        """Create the cgroups, start every task, move it into its cgroup, pin it."""
+        """Create the cgroups, start every task in its cgroup, pinned if asked."""
         try:
             levels = [
                 self.mount.joinpath(*self.base.split("/")[: n + 1])
@@ -130,11 +130,11 @@ class Workload:
                 self._created.append(directory)
             for task in self.tasks:
                 pipe = subprocess.PIPE if task.pipes else subprocess.DEVNULL
-                proc = subprocess.Popen(task.command(), stdin=pipe, stdout=pipe)
+                argv = _in_cgroup(self.cgroup_dir(task.group), task.cpu, task.command())
+                proc = subprocess.Popen(argv, stdin=pipe, stdout=pipe)
                 self.processes.append((task, proc))
-                (self.cgroup_dir(task.group) / "cgroup.procs").write_text(f"{proc.pid}\n")
-                if task.cpu is not None:
-                    os.sched_setaffinity(proc.pid, {task.cpu})
+            for task, proc in self.processes:
+                _wait_placed(proc, self.cgroup_dir(task.group), task.cpu)
         except BaseException:
             self.close()
             raise
@@ -178,6 +178,33 @@ def contention(
     tasks = [Task("victim", cpu=cpu) for _ in range(victims)]
     tasks += [Task("noisy", cpu=cpu) for _ in range(neighbours)]
     return Workload(tasks, base=base)
+
+
+def _in_cgroup(directory: Path, cpu: int | None, argv: list[str]) -> list[str]:
+    """``argv`` run already inside cgroup ``directory`` and pinned to ``cpu``.
+
+    The process joins before it execs: moved after start, a task under CPU pressure had made
+    its first syscalls in our cgroup (CI, 4 Dec).  A shell rather than ``preexec_fn``, which
+    is unsafe in a process with threads."""
+    pin = ["taskset", "--cpu-list", str(cpu)] if cpu is not None else []
+    join = 'echo $$ > "$0" && exec "$@"'
+    return ["sh", "-c", join, str(directory / "cgroup.procs"), *pin, *argv]
+
+
+def _wait_placed(
+    proc: subprocess.Popen[bytes], directory: Path, cpu: int | None, timeout_s: float = 10.0
+) -> None:
+    """Return once ``proc`` is in its cgroup and pinned, so callers see the placement."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        joined = str(proc.pid) in (directory / "cgroup.procs").read_text().split()
+        if joined and (cpu is None or os.sched_getaffinity(proc.pid) == {cpu}):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"task {proc.args!r} exited ({proc.returncode}) before it started")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"task {proc.pid} not in {directory} on CPU {cpu} in {timeout_s} s")
+        time.sleep(0.001)
 
 
 def _rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
