@@ -7,7 +7,6 @@ victim alone) must hold no incident of the victim. The benchmark
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,13 @@ from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.inject import (
     INTERVAL_S,
     KINDS,
-    QUIET,
     RecorderStalled,
     run_injection,
+    run_quiet,
     score,
+    steal_disturbed,
 )
 from tailsight.analysis.report_html import render_html
-from tailsight.probes.runqueue import read_steal_ns
-
-STEAL_DISTURBED = 0.01
-"""Steal of one CPU, as a share of a quiet recording's time, above which it was not quiet (quiet
-runs here: about 0.2 %; the 3 Dec incidents: 26-40 % for seconds)."""
 
 
 @pytest.mark.kernel
@@ -70,23 +65,18 @@ def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_p
     # (at the goal, at most 1 in 400). The premise, a quiet machine, is checked on its own: this
     # VM's hypervisor now and then takes a vCPU (26-40 % of CPU 0 for seconds, seen 3 Dec) and
     # the victim's wait really rises. A try whose incident the report puts on hypervisor steal,
-    # while /proc/stat (read here, not by the code under test) shows a CPU's steal at >=
+    # while /proc/stat (read by run_quiet, not by the code under test) shows a CPU's steal at >=
     # STEAL_DISTURBED of the recording, was not quiet and does not count. Three recordings at most.
     tries = []
     incidents = 0
     for attempt in range(3):
-        steal_before, start_s = read_steal_ns(), time.monotonic()
-        injection = run_injection(QUIET, tmp_path / f"rec{attempt}", baseline_s=8.0, fault_s=8.0)
-        wall_ns = (time.monotonic() - start_s) * 1e9
-        stolen = max(
-            (n - steal_before.get(cpu, n) for cpu, n in read_steal_ns().items()), default=0
-        )
+        injection, steal_share = run_quiet(tmp_path / f"rec{attempt}", 16.0)
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection, tolerance_s=float("inf"))
         if not result.found:
             return
-        tries.append(f"steal {stolen / wall_ns:.1%} of a CPU; {result}\n{report.render_text()}")
-        if not (result.named.startswith("steal") and stolen >= STEAL_DISTURBED * wall_ns):
+        tries.append(f"steal {steal_share:.1%} of a CPU; {result}\n{report.render_text()}")
+        if not steal_disturbed(result, steal_share):
             incidents += 1
             if incidents == 2:
                 break
