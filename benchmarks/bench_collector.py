@@ -2,8 +2,11 @@
 cumulative snapshots through the real delta / naming / export / record path; the synthetic
 reads' own CPU is timed apart and left out), against the same loop with no cgroups; the
 per-interval render against prometheus-client rendering the same families; `/metrics` scrape
-latency (cached bytes) against rendering per scrape, same server code; and one real read of
-every probe (root only), added to the export cost for the per-interval total.
+latency (cached bytes) against rendering per scrape, same server code; one real read of every
+probe (root only); and the real agent end to end (root, bcc): every probe attached, N cgroups
+each holding a process that makes socket calls, TCP connections and run-queue waits, CPU per
+interval of the whole collection (reads, deltas, naming, export) plus its one render, against
+the same agent on this host without them (same run).
 
 Usage: bench_collector.py [--quick] [--cgroups N] [--intervals N]
 """
@@ -148,6 +151,51 @@ def real_reads() -> tuple[list[str], float]:
     return lines, total_cpu
 
 
+def agent_cost(intervals: int, interval_s: float) -> tuple[list[float], int, set[str]]:
+    """The real agent (every probe, exporter, one render per interval): CPU seconds per
+    interval, series in the last interval, probes attached."""
+    from tailsight.collector.config import CollectorConfig
+    from tailsight.collector.wiring import build_agent
+
+    agent = build_agent(CollectorConfig(top_k=20, interval_s=interval_s), print, export=True)
+    exporter = agent.exporter
+    assert exporter is not None
+    agent.start()
+    try:
+        costs, series = [], 0
+        for n in range(intervals + 1):
+            time.sleep(interval_s)
+            began = time.process_time()
+            series = len(agent.tick().series)
+            exporter.exposition()
+            if n:  # the first interval holds the attach; a running agent is past it
+                costs.append(time.process_time() - began)
+        return costs, series, set(agent.attached)
+    finally:
+        agent.close()
+
+
+def loaded_agent_cost(cgroups: int, intervals: int, interval_s: float) -> list[str]:
+    """``agent_cost`` without and with ``cgroups`` busy cgroups, as report lines."""
+    from tailsight.workload import Workload, private_base, python_task, socket_task_code
+
+    idle, idle_series, attached = agent_cost(intervals, interval_s)
+    # Every probe busy in every cgroup at ~1 CPU in all, so the agent still gets its share.
+    code = socket_task_code(spin_s=0.0001, sleep_s=0.02, connect_every=10)
+    tasks = [python_task(f"cg{n}", code) for n in range(cgroups)]
+    with Workload(tasks, base=private_base("bench-collector")):
+        loaded, loaded_series, _ = agent_cost(intervals, interval_s)
+    ratio = statistics.median(loaded) / statistics.median(idle)
+    return [
+        f"real agent ({', '.join(sorted(attached))} attached), {interval_s:g} s intervals, "
+        "reads + deltas + naming + export + render:",
+        f"  this host, no added cgroups (baseline): {ms(idle)} ({idle_series} series)",
+        f"  {cgroups} busy cgroups                  : {ms(loaded)} ({loaded_series} series; "
+        f"goal 10 ms)",
+        f"  loaded / baseline                      : {ratio:.2f}x",
+    ]
+
+
 def ms(values: list[float]) -> str:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
@@ -240,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{(statistics.median(export_only) + reads_cpu) * 1e3:.2f} ms "
         f"({statistics.median(export_only) * 1e3:.2f} + {reads_cpu * 1e3:.2f}; goal 10 ms)"
     )
+    for line in loaded_agent_cost(args.cgroups, 3 if args.quick else 10, 1.0):
+        print(line)
     return 0
 
 

@@ -31,35 +31,6 @@ SCRAPE_INTERVAL_S = 15
 HOSTS = 1_000
 PUBLISHED_BYTES_PER_SAMPLE = (1.0, 2.0)  # prometheus.io/docs/prometheus/latest/storage/
 
-# One process per cgroup, a round every ~10 ms: 0.3 ms of CPU, a UDP sendto/recvfrom
-# (netsyscall), a TCP connect + accept + close every 20 rounds (tcpstate); 30 of them waking on
-# this host's CPUs wait on each other's run queues and migrate (runqueue, displacement pairs,
-# migration) at ~1 CPU in all, so the agent still gets its share.
-TASK_CODE = """
-import socket, time
-udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-udp.bind(("127.0.0.1", 0))
-me = udp.getsockname()
-listener = socket.socket()
-listener.bind(("127.0.0.1", 0))
-listener.listen(8)
-there = listener.getsockname()
-n = 0
-while True:
-    end = time.perf_counter() + 0.0003
-    while time.perf_counter() < end:
-        pass
-    time.sleep(0.01)
-    udp.sendto(b"x", me)
-    udp.recvfrom(16)
-    n += 1
-    if n % 20 == 0:
-        client = socket.create_connection(there)
-        server, _ = listener.accept()
-        client.close()
-        server.close()
-"""
-
 
 def series_of(exposition: bytes) -> list[str]:
     """One entry per series: every sample line of the text exposition (a bucket is a series)."""
@@ -142,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tailsight.collector.config import DEFAULT_TOP_K, CollectorConfig
     from tailsight.collector.wiring import build_agent
-    from tailsight.workload import Workload, private_base, python_task
+    from tailsight.workload import Workload, private_base, python_task, socket_task_code
 
     config = CollectorConfig()
     cgroups = DEFAULT_TOP_K + 10
@@ -157,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         attached = sorted(agent.attached)
         agent.run(stop, seconds)
         idle = agent.exporter.exposition()
-        tasks = [python_task(f"c{i:02d}", TASK_CODE) for i in range(cgroups)]
+        tasks = [python_task(f"c{i:02d}", socket_task_code()) for i in range(cgroups)]
         exporter = agent.exporter
         expositions: list[bytes] = []
 

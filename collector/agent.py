@@ -19,7 +19,7 @@ from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import ProbeStatus, RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Snapshot
+from tailsight.probes.base import LabelMemo, Snapshot
 from tailsight.probes.catalog import PROBES, create_probe
 
 FORGET_EVERY_INTERVALS: Final = 30
@@ -69,6 +69,7 @@ class _Attached:
     probe: Probe
     previous: Snapshot
     status: ProbeStatus
+    named: LabelMemo = field(default_factory=dict)  # Snapshot.to_document's, interval to interval
 
 
 @dataclass
@@ -190,7 +191,9 @@ class Agent:
                 if self.config.cgroup_filter or self.config.cgroup_subtree != "/"
                 else None
             )
-            part = interval.to_document(document.start_ns, self.resolver.resolve_many, keep)
+            part = interval.to_document(
+                document.start_ns, self.resolver.resolve_many, keep, entry.named
+            )
             document.series.extend(part.series)
             document.counters.extend(part.counters)
             document.end_ns = max(document.end_ns, part.end_ns)

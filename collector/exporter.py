@@ -527,8 +527,9 @@ class PrometheusExporter:
             family = Family(
                 f"{base}_quantile_seconds", "gauge", f"{about} {help_text}" if about else help_text
             )
-            for label_key, members in sorted(series.items()):
-                values_ns = _quantiles_ns(members, QUANTILES)
+            ordered = sorted(series.items())
+            quantiles = _quantiles_ns([members for _, members in ordered], QUANTILES)
+            for (label_key, _), values_ns in zip(ordered, quantiles, strict=True):
                 if values_ns is None:
                     continue
                 pairs = _pairs(self._with_pods(label_key), names)
@@ -756,49 +757,73 @@ def _special(value: float) -> str:
     return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
 
-def _quantiles_ns(parts: list[_Sparse | Histogram], qs: Sequence[float]) -> list[float] | None:
-    """``Histogram.quantiles`` of the sum of ``parts`` from their non-zero buckets only (a
-    window's dense sums are 2,000+ buckets, mostly empty); None when they hold no observation."""
-    if len(parts) == 1:
-        index, count, overflow = _nonzero(parts[0])
-    else:
-        # "other": dozens of parts. One bincount over the sparse ones (float64 counts are exact
-        # below 2^53), plain adds for the dense ones.
-        sparse = [part for part in parts if isinstance(part, _Sparse)]
-        dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
-        if sparse:
-            indices = np.concatenate([part.index for part in sparse])
-            weights = np.concatenate([part.count for part in sparse])
-            dense += np.bincount(indices, weights, NUM_BUCKETS).astype(np.int64)
-        overflow = sum(part.overflow for part in parts)
-        for part in parts:
-            if isinstance(part, Histogram):
-                dense += part.counts
-        index = np.flatnonzero(dense)
-        count = dense[index]
-    if not len(count):
-        return None if overflow == 0 else [float(_UPPER_BOUNDS_NS[-1])] * len(qs)
-    cumulative = np.cumsum(count)
-    total = int(cumulative[-1]) + overflow
+def _quantiles_ns(
+    groups: Sequence[Sequence[_Sparse | Histogram]], qs: Sequence[float]
+) -> list[list[float] | None]:
+    """``Histogram.quantiles`` of the sum of each group's parts, for every group at once from
+    their non-zero buckets only (a window's dense sums are 2,000+ buckets, mostly empty; one
+    numpy pass over all series instead of one per series); None for a group without any
+    observation."""
+    merged = [_merged_nonzero(parts) for parts in groups]
+    overflow = np.array([over for _, _, over in merged], dtype=np.int64)
+    if not any(len(index) for index, _, _ in merged):  # every group empty or overflow only
+        top = float(_UPPER_BOUNDS_NS[-1])
+        return [[top] * len(qs) if over else None for over in overflow.tolist()]
+    lengths = np.array([len(index) for index, _, _ in merged], dtype=np.int64)
+    index = np.concatenate([index for index, _, _ in merged])
+    running = np.concatenate(
+        [np.zeros(1, np.int64), np.cumsum(np.concatenate([c for _, c, _ in merged]))]
+    )
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    before = running[starts]  # the counts of the groups before each one
+    totals = running[ends] - before + overflow
+    group_of = np.repeat(np.arange(len(merged), dtype=np.int64), lengths)
+    local = running[1:] - before[group_of]  # cumulative count within each group
     # Same rule as Histogram.quantiles: the first bucket whose cumulative count reaches the rank
     # (rank 0: the first non-empty one), linear inside it; a rank in overflow gives the highest
-    # finite bound.
-    ranks = [float(q) * total for q in qs]
-    out: list[float] = []
-    for rank, j in zip(
-        ranks, np.searchsorted(cumulative, ranks, side="left").tolist(), strict=True
-    ):
-        if rank == 0:
-            j = 0
-        if j >= len(cumulative):
-            out.append(float(_UPPER_BOUNDS_NS[-1]))
-            continue
-        b = int(index[j])
-        below = int(cumulative[j - 1]) if j > 0 else 0
-        start = float(_UPPER_BOUNDS_NS[b - 1]) if b > 0 else 0.0
-        end = float(_UPPER_BOUNDS_NS[b])
-        out.append(start + (end - start) * ((rank - below) / (int(cumulative[j]) - below)))
-    return out
+    # finite bound. Integer counts reach a rank iff they reach its ceiling, so one searchsorted
+    # over all groups, each lifted by group * span, finds every group's bucket.
+    ranks = np.outer(totals, np.asarray(qs, dtype=np.float64))  # group x q: float(q) * total
+    span = int(totals.max()) + 1
+    if span * (len(merged) + 1) >= 2**62:  # lifted keys would overflow int64: one at a time
+        return [_quantiles_ns([parts], qs)[0] for parts in groups]
+    lift = np.arange(len(merged), dtype=np.int64)[:, None] * span
+    found = np.searchsorted(local + group_of * span, np.ceil(ranks).astype(np.int64) + lift)
+    found = np.where(ranks == 0, starts[:, None], found)
+    in_overflow = found >= ends[:, None]
+    at = np.minimum(found, len(index) - 1)
+    bucket = index[at]
+    lifted = before[:, None]
+    below = running[at] - lifted  # 0 at a group's first bucket
+    reached = running[at + 1] - lifted
+    start = np.where(bucket > 0, _UPPER_BOUNDS_NS[np.maximum(bucket - 1, 0)], 0).astype(np.float64)
+    end = _UPPER_BOUNDS_NS[bucket].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # overflow entries are replaced below
+        values = start + (end - start) * ((ranks - below) / (reached - below))
+    values = np.where(in_overflow, float(_UPPER_BOUNDS_NS[-1]), values)
+    return [row if total else None for row, total in zip(values.tolist(), totals, strict=True)]
+
+
+def _merged_nonzero(
+    parts: Sequence[_Sparse | Histogram],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """The non-zero buckets (index, count) and overflow of the sum of ``parts``."""
+    if len(parts) == 1:
+        return _nonzero(parts[0])
+    # "other": dozens of parts. One bincount over the sparse ones (float64 counts are exact
+    # below 2^53), plain adds for the dense ones.
+    sparse = [part for part in parts if isinstance(part, _Sparse)]
+    dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
+    if sparse:
+        indices = np.concatenate([part.index for part in sparse])
+        weights = np.concatenate([part.count for part in sparse])
+        dense += np.bincount(indices, weights, NUM_BUCKETS).astype(np.int64)
+    for part in parts:
+        if isinstance(part, Histogram):
+            dense += part.counts
+    index = np.flatnonzero(dense)
+    return index, dense[index], sum(part.overflow for part in parts)
 
 
 def _nonzero(part: _Sparse | Histogram) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:

@@ -28,6 +28,8 @@ UNKNOWN_CGROUP_NAME: Final = "unknown"
 
 CgroupNamer = Callable[[Iterable[int]], Mapping[int, str]]
 """Bulk cgroup id -> path, e.g. ``CgroupResolver.resolve_many``."""
+LabelMemo = dict["Labels", "tuple[dict[str, str], tuple[tuple[str, str], ...]] | None"]
+"""How ``Snapshot.to_document`` named each raw key (labels, sort key), or None: filtered out."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class ProbeInfo:
         return next((c for c in self.counters if c.name == name), None)
 
 
+def _names_cgroup(key: Labels) -> bool:
+    return any(name in CGROUP_LABELS for name, _ in key)
+
+
 def labels(**values: LabelValue) -> Labels:
     """Canonical label tuple (sorted by name)."""
     return tuple(sorted(values.items()))
@@ -91,7 +97,8 @@ class Snapshot:
     counters: Mapping[tuple[str, Labels], int] = field(default_factory=dict)
 
     def delta(self, earlier: Snapshot) -> Snapshot:
-        """The interval (earlier, self]; ValueError if anything went backwards (a reset)."""
+        """The interval (earlier, self]: histograms that changed, counters that moved or are new
+        (and every host-wide one); ValueError if anything went backwards (a reset)."""
         if earlier.probe != self.probe:
             raise ValueError(f"cannot subtract a {earlier.probe} snapshot from a {self.probe} one")
         histograms = {}
@@ -100,9 +107,16 @@ class Snapshot:
             changed = hist if before is None else hist.delta(before)
             if changed.sum_ns or changed.overflow or changed.counts.any():
                 histograms[key] = changed
+        # A per-cgroup counter that did not move is left out, unless it is new (so that it is
+        # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
+        # still. Host-wide ones (drops by reason, steal per CPU) are always there.
         counters = {}
+        missing = -1
         for counter_key, value in self.counters.items():
-            changed_value = value - earlier.counters.get(counter_key, 0)
+            before_value = earlier.counters.get(counter_key, missing)
+            if before_value == value and _names_cgroup(counter_key[1]):
+                continue
+            changed_value = value - max(before_value, 0)
             if changed_value < 0:
                 raise ValueError(f"counter {counter_key} went backwards by {-changed_value}")
             counters[counter_key] = changed_value
@@ -135,42 +149,62 @@ class Snapshot:
         }
 
     def to_document(
-        self, start_ns: int, name_cgroups: CgroupNamer, keep: Callable[[str], bool] | None = None
+        self,
+        start_ns: int,
+        name_cgroups: CgroupNamer,
+        keep: Callable[[str], bool] | None = None,
+        memo: LabelMemo | None = None,
     ) -> HistDocument:
         """This snapshot (usually an interval) as a document, cgroup ids replaced by paths.
 
         Ids that resolve to the same path (a recreated cgroup) are merged. ``keep(path)`` filters
         on the ``cgroup`` / ``victim`` label (``--cgroup``); counters without one are kept.
+        ``memo``, kept by the caller from one interval to the next with the same ``keep``,
+        remembers how each key was named: a busy host repeats thousands of victim x aggressor
+        keys every interval, and naming them afresh was most of the collector's time.
         """
-        names = dict(name_cgroups(sorted(self.cgroup_ids())))
-
-        def resolve(key: Labels) -> dict[str, str] | None:
+        memo = {} if memo is None else memo
+        keys = [*self.histograms, *(key for _, key in self.counters)]
+        if len(memo) > 2 * len(keys) + 1024:  # keys of cgroups long gone: start afresh
+            memo.clear()
+        missing = [key for key in keys if key not in memo]
+        ids = {
+            value
+            for key in missing
+            for name, value in key
+            if name in CGROUP_LABELS and isinstance(value, int) and value != 0
+        }
+        names = dict(name_cgroups(sorted(ids))) if ids else {}
+        uncached: LabelMemo = {}  # keys naming an id not found now: it may be found later
+        for key in missing:
             named = {"probe": self.probe}
+            known = True
             for name, value in key:
                 if name in CGROUP_LABELS and isinstance(value, int):
                     fallback = IDLE_CGROUP_NAME if value == 0 else UNKNOWN_CGROUP_NAME
                     named[name] = names.get(value, fallback)
+                    known = known and (value == 0 or value in names)
                 else:
                     named[name] = str(value)
             subject = named.get("cgroup", named.get("victim"))
-            if keep is not None and subject is not None and not keep(subject):
-                return None
-            return named
-
+            kept = keep is None or subject is None or keep(subject)
+            result = (dict(sorted(named.items())), tuple(sorted(named.items()))) if kept else None
+            (memo if known else uncached)[key] = result
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Histogram]] = {}
         for key, hist in self.histograms.items():
-            named = resolve(key)
-            if named is None:
+            resolved = uncached[key] if key in uncached else memo[key]
+            if resolved is None:
                 continue
-            slot = tuple(sorted(named.items()))
+            named, slot = resolved
             previous = merged.get(slot)
             merged[slot] = (named, hist if previous is None else previous[1].merge(hist))
         totals: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, str], int]] = {}
         for (counter_name, key), value in self.counters.items():
-            named = resolve(key)
-            if named is None:
+            resolved = uncached[key] if key in uncached else memo[key]
+            if resolved is None:
                 continue
-            slot_key = (counter_name, tuple(sorted(named.items())))
+            named, slot = resolved
+            slot_key = (counter_name, slot)
             previous_total = totals.get(slot_key)
             totals[slot_key] = (named, value + (0 if previous_total is None else previous_total[1]))
         return HistDocument(

@@ -50,18 +50,37 @@ class MappedArray:
 
 def slot_histograms(rows: npt.NDArray[np.uint64], sums_ns: Iterable[int]) -> list[Histogram]:
     """Histograms from slot rows of a ``HIST_ROW`` array (finite buckets, then overflow) and the
-    exact sums beside them (``hist.bpf.h``'s bucket layout)."""
+    exact sums beside them (``hist.bpf.h``'s bucket layout). The block is checked once (every
+    count and each row's total fit in int64), not row by row: a read holds hundreds."""
+    if rows.size and float(rows.sum(axis=1, dtype=np.float64).max()) >= 2.0**63:
+        raise ValueError("bucket count does not fit in int64")
+    counts = rows[:, :NUM_BUCKETS].astype(np.int64)
+    overflow = rows[:, NUM_BUCKETS].tolist()
     return [
-        Histogram(
-            row[:NUM_BUCKETS].astype(np.int64), overflow=int(row[NUM_BUCKETS]), sum_ns=int(sum_ns)
-        )
-        for row, sum_ns in zip(rows, sums_ns, strict=True)
+        Histogram._trusted(row_counts, int(row_overflow), int(sum_ns))
+        for row_counts, row_overflow, sum_ns in zip(counts, overflow, sums_ns, strict=True)
+    ]
+
+
+def table_items(table: Any) -> list[tuple[Any, Any]]:
+    """Every (key, value) of a bcc hash table: one ``BPF_MAP_LOOKUP_BATCH`` syscall (walking the
+    keys costs two syscalls and ~10 µs per entry); the walk where the kernel has no batch ops
+    (before 5.6)."""
+    try:
+        batch = list(table.items_lookup_batch())
+    except Exception:  # bcc raises a bare Exception with the errno's text
+        return list(table.items())
+    # An array of a plain C integer type hands back Python ints: wrap them as the walk does.
+    key, leaf = table.Key, table.Leaf
+    return [
+        (key(k) if isinstance(k, int) else k, leaf(v) if isinstance(v, int) else v)
+        for k, v in batch
     ]
 
 
 def slot_ids(table: Any) -> dict[int, int]:
     """slot -> cgroup id (or any u64 key) from a probe's ``<name>_slots`` hash."""
-    return {int(slot.value): int(key.value) for key, slot in table.items()}
+    return {int(slot.value): int(key.value) for key, slot in table_items(table)}
 
 
 def release_slots(bpf: Any, prefix: str, keys: Iterable[Any]) -> list[int]:
@@ -88,7 +107,7 @@ def release_slots(bpf: Any, prefix: str, keys: Iterable[Any]) -> list[int]:
 
 def delete_where(table: Any, doomed: Callable[[Any], bool]) -> None:
     """Delete the entries of a bcc hash table whose key is ``doomed``."""
-    for key in [key for key in table if doomed(key)]:
+    for key in [key for key, _ in table_items(table) if doomed(key)]:
         try:
             del table[key]
         except KeyError:
@@ -111,12 +130,14 @@ def steer_slot_hint(bpf: Any, prefix: str, used: Iterable[int], first: int, limi
     hint = bpf[f"{prefix}_slot_hint".encode()]
     zero = hint.Key(0)
     taken = set(used)
+    current = max(int(hint[zero].value), first)
+    if current + STEER_RUN <= limit and taken.isdisjoint(range(current, current + STEER_RUN)):
+        return  # the usual case, decided without walking every slot: the hint is good
     claims = claim_runs(taken, first, limit)
     free = [slot for slot in range(first, limit) if claims[slot - first] and slot not in taken]
     if not free:
         return
     want = min(STEER_RUN, max(claims[slot - first] for slot in free))
-    current = max(int(hint[zero].value), first)
     if current < limit and claims[current - first] >= want:
         return
     hint[zero] = hint.Leaf(next(slot for slot in free if claims[slot - first] >= want))
@@ -145,11 +166,12 @@ def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
 
 def hash_map_fill(bpf: Any) -> dict[str, float]:
     """Entries / max entries of each plain hash map the probe has opened (an LRU map evicts
-    instead of filling up, so it is left out); counting walks the keys."""
+    instead of filling up, so it is left out)."""
     from bcc.table import BPF_MAP_TYPE_HASH
 
     return {
-        (name.decode() if isinstance(name, bytes) else str(name)): len(table) / table.max_entries
+        (name.decode() if isinstance(name, bytes) else str(name)): len(table_items(table))
+        / table.max_entries
         for name, table in bpf.tables.items()
         if table.ttype == BPF_MAP_TYPE_HASH and table.max_entries
     }
@@ -157,7 +179,7 @@ def hash_map_fill(bpf: Any) -> dict[str, float]:
 
 def sync_cgroup_allow(table: Any, wanted: set[int]) -> None:
     """Make a probe's ``<name>_cgroup_allow`` hash hold exactly the ``wanted`` cgroup ids."""
-    present = {key.value for key in table}
+    present = {key.value for key, _ in table_items(table)}
     for cgroup_id in present - wanted:
         del table[table.Key(cgroup_id)]
     for cgroup_id in wanted - present:

@@ -18,6 +18,7 @@ from tailsight.probes.bccprobe import (
     release_slots,
     slot_histograms,
     steer_slot_hint,
+    table_items,
 )
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
@@ -107,7 +108,7 @@ class NetSyscallProbe(BccProbe):
         taken_ns = time.time_ns()
         series_of = {
             int(slot.value): (int(key.cgroup_id), int(key.nr))
-            for key, slot in bpf[b"netsyscall_slots"].items()
+            for key, slot in table_items(bpf[b"netsyscall_slots"])
         }
         slots = sorted(series_of)
         steer_slot_hint(bpf, PROBE_NAME, slots, 0, MAX_SERIES)
@@ -123,7 +124,7 @@ class NetSyscallProbe(BccProbe):
             if hist.count
         }
         counters: dict[tuple[str, Labels], int] = {}
-        for error, count in bpf[b"netsyscall_errors"].items():
+        for error, count in table_items(bpf[b"netsyscall_errors"]):
             key = labels(
                 cgroup=error.cgroup_id,
                 syscall=self.syscall_name(error.nr),
@@ -152,7 +153,7 @@ class NetSyscallProbe(BccProbe):
         bpf = self._require_bpf()
         gone = [
             (key, int(slot.value))
-            for key, slot in bpf[b"netsyscall_slots"].items()
+            for key, slot in table_items(bpf[b"netsyscall_slots"])
             if int(key.cgroup_id) in cgroup_ids
         ]
         if gone:

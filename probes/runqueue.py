@@ -160,10 +160,18 @@ class RunQueueProbe(BccProbe):
             if hist.count
         }
         counters: dict[tuple[str, Labels], int] = {}
-        for v, a in zip(*np.nonzero(pair_block[:, :, 1]), strict=True):
-            key = labels(victim=cgroup_of[slots[v]], aggressor=cgroup_of[slots[a]])
-            counters[(DISPLACED_WAIT, key)] = int(pair_block[v, a, 0])
-            counters[(DISPLACED_SWITCHES, key)] = int(pair_block[v, a, 1])
+        # Up to slots^2 pairs on a busy host: plain lists and label tuples built in sorted order
+        # (what labels() would give), not numpy scalars and a sort per pair.
+        victims, aggressors = np.nonzero(pair_block[:, :, 1])
+        ids = [cgroup_of[slot] for slot in slots]
+        waits = pair_block[victims, aggressors, 0].tolist()
+        switches = pair_block[victims, aggressors, 1].tolist()
+        for v, a, wait_ns, n in zip(
+            victims.tolist(), aggressors.tolist(), waits, switches, strict=True
+        ):
+            key = (("aggressor", ids[a]), ("victim", ids[v]))
+            counters[(DISPLACED_WAIT, key)] = wait_ns
+            counters[(DISPLACED_SWITCHES, key)] = n
         drops = bpf[b"runqueue_dropped_events"]
         for index, reason in enumerate(DROP_REASONS):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)

@@ -41,6 +41,7 @@ from tailsight.probes.bccprobe import (
     release_slots,
     slot_histograms,
     sync_cgroup_allow,
+    table_items,
 )
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
 
@@ -242,7 +243,7 @@ class TcpStateProbe:
                 port,
             )
 
-        series_of = {int(slot.value): key for key, slot in bpf[b"tcpstate_slots"].items()}
+        series_of = {int(slot.value): key for key, slot in table_items(bpf[b"tcpstate_slots"])}
         slots = sorted(series_of)
         # Sums first: a sample lands in its bucket before its sum (see record()).
         sums = self._array("tcpstate_sum_ns", (MAX_SERIES,))[slots].copy()
@@ -257,9 +258,9 @@ class TcpStateProbe:
             (RETRANSMITS, b"tcpstate_retransmits"),
             (RETRANSMIT_FAILURES, b"tcpstate_retransmit_failures"),
         ):
-            for cgroup_id, value in bpf[table].items():
+            for cgroup_id, value in table_items(bpf[table]):
                 counters[(name, labels(cgroup=int(cgroup_id.value)))] = int(value.value)
-        for pair, value in bpf[b"tcpstate_peer_retransmits"].items():
+        for pair, value in table_items(bpf[b"tcpstate_peer_retransmits"]):
             key = labels(cgroup=int(pair.cgroup_id), victim=int(pair.peer_cgroup_id))
             counters[(PEER_RETRANSMITS, key)] = int(value.value)
         drops = bpf[b"tcpstate_dropped_events"]
@@ -274,7 +275,7 @@ class TcpStateProbe:
         bpf = self._bpf
         gone = [
             (key, int(slot.value))
-            for key, slot in bpf[b"tcpstate_slots"].items()
+            for key, slot in table_items(bpf[b"tcpstate_slots"])
             if int(key.cgroup_id) in cgroup_ids
         ]
         if gone:

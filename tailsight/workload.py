@@ -54,6 +54,38 @@ def python_task(group: str, code: str, cpu: int | None = None, pipes: bool = Fal
     return Task(group, argv, cpu, pipes)
 
 
+def socket_task_code(spin_s: float = 0.0003, sleep_s: float = 0.01, connect_every: int = 20) -> str:
+    """A task for every probe at once: each round spins ``spin_s``, sleeps ``sleep_s`` and makes
+    a UDP sendto/recvfrom to itself (netsyscall); every ``connect_every`` rounds a TCP connect +
+    accept + close on loopback (tcpstate). Many of them waking on a host's CPUs wait on each
+    other's run queues and migrate (runqueue, displacement pairs, migration). The defaults: 30
+    such tasks take ~1 CPU."""
+    return f"""
+import socket, time
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", 0))
+me = udp.getsockname()
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(8)
+there = listener.getsockname()
+n = 0
+while True:
+    end = time.perf_counter() + {spin_s!r}
+    while time.perf_counter() < end:
+        pass
+    time.sleep({sleep_s!r})
+    udp.sendto(b"x", me)
+    udp.recvfrom(16)
+    n += 1
+    if n % {connect_every!r} == 0:
+        client = socket.create_connection(there)
+        server, _ = listener.accept()
+        client.close()
+        server.close()
+"""
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``; reaped either way."""
     proc.terminate()

@@ -449,4 +449,4 @@ def test_sparse_quantiles_equal_histogram_quantiles(groups: list) -> None:
         parts_of_groups.append([h if d else _Sparse.of(h) for h, d in hists])
         merged = sum((h for h, _ in hists), Histogram.empty())
         expected.append(merged.quantiles(qs) if merged.count else None)
-    assert [_quantiles_ns(parts, qs) for parts in parts_of_groups] == expected
+    assert _quantiles_ns(parts_of_groups, qs) == expected
