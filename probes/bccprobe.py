@@ -48,18 +48,25 @@ class MappedArray:
             self._mmap = None
 
 
-def slot_histograms(rows: npt.NDArray[np.uint64], sums_ns: Iterable[int]) -> list[Histogram]:
-    """Histograms from slot rows of a ``HIST_ROW`` array (finite buckets, then overflow) and the
-    exact sums beside them (``hist.bpf.h``'s bucket layout). The block is checked once (every
-    count and each row's total fit in int64), not row by row: a read holds hundreds."""
-    if rows.size and float(rows.sum(axis=1, dtype=np.float64).max()) >= 2.0**63:
+def slot_histograms(
+    slots: Sequence[int], rows: npt.NDArray[np.uint64], sums_ns: Sequence[int]
+) -> dict[int, Histogram]:
+    """slot -> histogram of the slots whose row holds an observation, from slot rows of a
+    ``HIST_ROW`` array (finite buckets, then overflow) and the exact sums beside them
+    (``hist.bpf.h``'s bucket layout). The block is checked once (each row's total fits in int64),
+    not row by row: a busy host's read holds hundreds."""
+    totals = rows.sum(axis=1, dtype=np.float64)
+    if totals.size and float(totals.max()) >= 2.0**63:
         raise ValueError("bucket count does not fit in int64")
-    counts = rows[:, :NUM_BUCKETS].astype(np.int64)
-    overflow = rows[:, NUM_BUCKETS].tolist()
-    return [
-        Histogram._trusted(row_counts, int(row_overflow), int(sum_ns))
-        for row_counts, row_overflow, sum_ns in zip(counts, overflow, sums_ns, strict=True)
-    ]
+    kept = np.flatnonzero(totals).tolist()
+    # Views into the block, reinterpreted as int64 (every count is below 2^63, checked above):
+    # a copy of hundreds of rows costs a page fault per 4 KiB.
+    counts = np.ascontiguousarray(rows).view(np.int64)
+    overflow = rows[kept, NUM_BUCKETS].tolist()
+    return {
+        slots[row]: Histogram._trusted(counts[row, :NUM_BUCKETS], row_overflow, int(sums_ns[row]))
+        for row, row_overflow in zip(kept, overflow, strict=True)
+    }
 
 
 def table_items(table: Any) -> list[tuple[Any, Any]]:

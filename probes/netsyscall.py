@@ -116,12 +116,11 @@ class NetSyscallProbe(BccProbe):
         totals = self.mapped_array("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2))
         # Totals first: a sample lands in its bucket before the totals, so a racing read never
         # has a sum larger than the buckets explain.
-        sums = totals[slots, 1].copy()
-        rows = hist_rows[slots].copy()
+        sums = totals[slots, 1]  # fancy indexing copies: one read each
+        rows = hist_rows[slots]
         latency = {
             series_of[slot]: hist
-            for slot, hist in zip(slots, slot_histograms(rows, sums.tolist()), strict=True)
-            if hist.count
+            for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
         }
         counters: dict[tuple[str, Labels], int] = {}
         for error, count in table_items(bpf[b"netsyscall_errors"]):

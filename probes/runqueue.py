@@ -147,18 +147,14 @@ class RunQueueProbe(BccProbe):
         pairs = self.mapped_array("runqueue_displaced_wait", np.uint64, (MAX_SLOTS, MAX_SLOTS, 2))
         # Pairs first: a wait lands in the histogram before its pair, so a read racing with a
         # switch sees at most one more histogram sample than pair samples, never fewer.
-        pair_block = pairs[np.ix_(slots, slots)].copy()
-        rows = hist_rows[slots].copy()
+        pair_block = pairs[np.ix_(slots, slots)]  # fancy indexing copies: one read each
+        rows = hist_rows[slots]
         totals = pair_block[:, :, 0].sum(axis=1, dtype=np.uint64)
         sums = [
             int(total) + self._retired_wait.get(cgroup_of[slot], 0)
             for slot, total in zip(slots, totals, strict=True)
         ]
-        wait = {
-            cgroup_of[slot]: hist
-            for slot, hist in zip(slots, slot_histograms(rows, sums), strict=True)
-            if hist.count
-        }
+        wait = {cgroup_of[slot]: hist for slot, hist in slot_histograms(slots, rows, sums).items()}
         counters: dict[tuple[str, Labels], int] = {}
         # Up to slots^2 pairs on a busy host: plain lists and label tuples built in sorted order
         # (what labels() would give), not numpy scalars and a sort per pair.

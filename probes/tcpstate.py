@@ -246,12 +246,11 @@ class TcpStateProbe:
         series_of = {int(slot.value): key for key, slot in table_items(bpf[b"tcpstate_slots"])}
         slots = sorted(series_of)
         # Sums first: a sample lands in its bucket before its sum (see record()).
-        sums = self._array("tcpstate_sum_ns", (MAX_SERIES,))[slots].copy()
-        rows = self._array("tcpstate_hist", (MAX_SERIES, HIST_ROW))[slots].copy()
+        sums = self._array("tcpstate_sum_ns", (MAX_SERIES,))[slots]  # fancy indexing copies
+        rows = self._array("tcpstate_hist", (MAX_SERIES, HIST_ROW))[slots]
         histograms = {
             key_of(series_of[slot]): hist
-            for slot, hist in zip(slots, slot_histograms(rows, sums.tolist()), strict=True)
-            if hist.count
+            for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
         }
         counters: dict[tuple[str, Labels], int] = {}
         for name, table in (
