@@ -290,6 +290,10 @@ class PrometheusExporter:
         # How each raw series is exported (``_folded_key``), until its cgroups' top-K standing
         # changes: (counter name or "" for a histogram, raw key) -> _Fold.
         self._folds: dict[tuple[str, LabelKey], _Fold] = {}
+        # The _folds keys naming each (probe, cgroup): a cgroup entering or leaving the top-K
+        # drops just those (may name keys already pruned).
+        self._folds_of: dict[tuple[str, str], list[tuple[str, LabelKey]]] = {}
+        self._folds_indexed = 0  # entries in _folds_of: rebuilt when far above live folds
         self._folded: dict[str, int] = {}
         self._cumulative: dict[tuple[str, LabelKey], _Cumulative] = {}
         self._counters: dict[tuple[str, LabelKey], tuple[float, int]] = {}
@@ -358,13 +362,13 @@ class PrometheusExporter:
                 exported, scale = counter_metric(name, probe)
             else:
                 exported, scale = metric_base(probe, labels), 1.0
+            cgroups = tuple(labels[label] for label in CGROUP_LABELS if label in labels)
             known = self._folds[(name, raw)] = _Fold(
-                exported,
-                _key(self._fold(labels, histogram=not name)),
-                scale,
-                probe,
-                tuple(labels[label] for label in CGROUP_LABELS if label in labels),
+                exported, _key(self._fold(labels, histogram=not name)), scale, probe, cgroups
             )
+            for cgroup in cgroups:
+                self._folds_of.setdefault((probe, cgroup), []).append((name, raw))
+            self._folds_indexed += len(cgroups)
         return known.exported, known.folded, known.scale
 
     def _prune_folds(self, document: HistDocument) -> None:
@@ -377,6 +381,15 @@ class PrometheusExporter:
         live.update(("", raw) for raw in self._last_sparse)
         live.update((c.name, _key(c.labels)) for c in document.counters)
         self._folds = {key: fold for key, fold in self._folds.items() if key in live}
+        self._index_folds()
+
+    def _index_folds(self) -> None:
+        """Rebuild ``_folds_of`` from the live folds (it keeps keys already dropped)."""
+        self._folds_of = {}
+        for key, fold in self._folds.items():
+            for cgroup in fold.cgroups:
+                self._folds_of.setdefault((fold.probe, cgroup), []).append(key)
+        self._folds_indexed = sum(len(fold.cgroups) for fold in self._folds.values())
 
     def _rank(
         self, document: HistDocument, raws: list[LabelKey], sparse: Mapping[LabelKey, _Sparse]
@@ -418,12 +431,13 @@ class PrometheusExporter:
             moved.update((probe, c) for c in kept ^ self._kept.get(probe, set()))
             self._kept[probe] = kept
         self._retire(retired)
-        if moved:  # their series fold differently now
-            self._folds = {
-                key: fold
-                for key, fold in self._folds.items()
-                if not any((fold.probe, cgroup) in moved for cgroup in fold.cgroups)
-            }
+        for probe_cgroup in moved:  # their series fold differently now
+            stale = self._folds_of.pop(probe_cgroup, [])
+            self._folds_indexed -= len(stale)
+            for key in stale:
+                self._folds.pop(key, None)
+        if self._folds_indexed > 4 * len(self._folds) + 1024:  # churn left stale entries
+            self._index_folds()
 
     def _retire(self, retired: set[tuple[str, str]]) -> None:
         """Drop the exported series of these (probe, cgroup): they left the top-K."""
