@@ -434,8 +434,8 @@ class PrometheusExporter:
         for probe_cgroup in moved:  # their series fold differently now
             stale = self._folds_of.pop(probe_cgroup, [])
             self._folds_indexed -= len(stale)
-            for key in stale:
-                self._folds.pop(key, None)
+            for fold_key in stale:
+                self._folds.pop(fold_key, None)
         if self._folds_indexed > 4 * len(self._folds) + 1024:  # churn left stale entries
             self._index_folds()
 
