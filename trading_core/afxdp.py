@@ -46,9 +46,9 @@ _UMEM_REG = struct.Struct("=QQIIII")
 # rx_fill_ring_empty_descs, tx_ring_empty_descs.
 _STATS = struct.Struct("=QQQQQQ")
 _SOCKADDR_XDP = struct.Struct("=HHIII")  # family, flags, ifindex, queue_id, shared_umem_fd
-# struct rx_meta of xsk_redirect.bpf.c: written by the XDP program just before the frame.
-_RX_META = struct.Struct("=QQ")
-RX_META_MAGIC: Final = 0x747372786D657461
+# struct rx_stamp of xsk_redirect.bpf.c: written by the XDP program over the frame's MACs.
+_RX_STAMP = struct.Struct("=QI")
+RX_STAMP_MAGIC: Final = 0x78727374
 NO_STAMP: Final = -1
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -177,7 +177,7 @@ class XskSocket:
 
     def receive_stamped(self, timeout_ms: int = 0, limit: int = 256) -> list[tuple[bytes, int]]:
         """Like ``receive``, each frame with the XDP program's arrival stamp (CLOCK_MONOTONIC
-        ns) from its metadata, or ``NO_STAMP`` when the frame carries none."""
+        ns) from its first 12 bytes (over the MAC addresses), or ``NO_STAMP`` if it has none."""
         rx, fill = self.rx, self.fill
         consumer = rx.consumer()
         available = (rx.producer() - consumer) & 0xFFFFFFFF
@@ -190,18 +190,16 @@ class XskSocket:
         frames: list[tuple[bytes, int]] = []
         fill_producer = fill.producer()
         rx_map, umem, view, chunk = rx.map, self.umem, self._umem_view, self.frame_size
-        meta_unpack, meta_size, magic = _RX_META.unpack_from, _RX_META.size, RX_META_MAGIC
+        stamp_unpack, stamp_size, magic = _RX_STAMP.unpack_from, _RX_STAMP.size, RX_STAMP_MAGIC
         for step in range(count):
             addr, length, _options = _DESC.unpack_from(
                 rx_map, rx.desc_at + ((consumer + step) & rx.mask) * _DESC.size
             )
             stamp = NO_STAMP
-            if addr % chunk >= meta_size:
-                found, rx_ns = meta_unpack(umem, addr - meta_size)
+            if length >= stamp_size:
+                rx_ns, found = stamp_unpack(umem, addr)
                 if found == magic:
                     stamp = rx_ns
-                    # A later frame in this chunk without metadata must not inherit the stamp.
-                    _U64.pack_into(umem, addr - meta_size, 0)
             frames.append((bytes(view[addr : addr + length]), stamp))
             # Aligned mode: the chunk base goes back, whatever headroom the kernel used.
             _U64.pack_into(

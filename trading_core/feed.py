@@ -10,7 +10,7 @@ book, stamping every stage into an optional ``StageTimer``.
 Each datagram carries the kernel's receive time on CLOCK_MONOTONIC (the clock of the stage
 stamps): on UDP the socket's ``SO_TIMESTAMPNS`` (realtime, taken when the veth hands the frame to
 the stack) moved onto CLOCK_MONOTONIC by its age at pickup; on AF_XDP the XDP program's
-``bpf_ktime_get_ns`` from the frame's metadata.
+``bpf_ktime_get_ns`` written over the frame's MAC addresses.
 """
 
 from __future__ import annotations

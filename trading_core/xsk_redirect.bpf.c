@@ -4,8 +4,10 @@
 // entry) goes on to the kernel stack. Attached in generic (SKB) mode on a veth, so the kernel
 // copies each redirected frame into the socket's UMEM.
 // Each redirected frame carries its arrival time (bpf_ktime_get_ns, CLOCK_MONOTONIC, the clock of
-// user space's perf_counter_ns) in the XDP metadata just before the frame; copy mode copies the
-// metadata into the UMEM with the frame.
+// user space's perf_counter_ns) in its own first bytes, written over the Ethernet addresses: the
+// socket's reader needs only the EtherType and what follows, and a direct packet write works on
+// every kernel that runs XDP. (It rode in the XDP metadata before: some kernels refuse
+// bpf_xdp_adjust_meta to this program type, "program of this type cannot use helper", 6 Dec.)
 // Compile-time: -DFEED_PORT=<udp port>.
 #include <uapi/linux/bpf.h>
 #include <linux/if_ether.h>
@@ -17,12 +19,12 @@
 #error "FEED_PORT must be defined (-DFEED_PORT=...)"
 #endif
 
-// Read by user space at (frame address - sizeof): the magic says the stamp is this frame's.
-#define RX_META_MAGIC 0x747372786d657461ULL
-struct rx_meta {
-    u64 magic;
+// Read by user space at the frame's start: the magic says the frame was stamped.
+#define RX_STAMP_MAGIC 0x78727374U /* "tsrx" */
+struct rx_stamp {
     u64 rx_ns;
-};
+    u32 magic;
+} __attribute__((packed)); /* 12 bytes: the destination and source MAC addresses */
 
 BPF_XSKMAP(feed_sockets, 64);
 // [0] frames redirected to a socket, [1] frames passed to the stack.
@@ -53,14 +55,9 @@ int xsk_redirect(struct xdp_md *ctx)
     struct udphdr *udp = (void *)ip + ip->ihl * 4;
     if ((void *)(udp + 1) > data_end || udp->dest != htons(FEED_PORT))
         return count_and(1, XDP_PASS);
-    if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct rx_meta)) == 0) {
-        // Every packet pointer is invalid after the adjustment: load them again.
-        struct rx_meta *meta = (void *)(long)ctx->data_meta;
-        if ((void *)(meta + 1) <= (void *)(long)ctx->data) {
-            meta->magic = RX_META_MAGIC;
-            meta->rx_ns = now;
-        }
-    }
+    struct rx_stamp *stamp = data; /* within the Ethernet header checked above */
+    stamp->rx_ns = now;
+    stamp->magic = RX_STAMP_MAGIC;
     // The flags argument is the action when no socket sits at this queue (kernel >= 5.3).
     int action = feed_sockets.redirect_map(ctx->rx_queue_index, XDP_PASS);
     return count_and(action == XDP_REDIRECT ? 0 : 1, action);

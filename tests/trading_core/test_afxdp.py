@@ -102,7 +102,7 @@ def test_feed_port_goes_to_the_xsk_everything_else_to_the_stack(
             time.sleep(0.001)
         drained_ns = time.perf_counter_ns()
         assert [payload for payload, _ in received] == sent  # all, in order, byte for byte
-        # The XDP program's bpf_ktime_get_ns, read from each frame's metadata: the same clock
+        # The XDP program's bpf_ktime_get_ns, read from each frame's first bytes: the same clock
         # as perf_counter_ns, so it lies between our first send and the drain, in order.
         stamps = [stamp for _, stamp in received]
         assert all(first_send_ns <= s <= drained_ns for s in stamps), stamps[:3]
