@@ -78,6 +78,16 @@ class ProbeInfo:
         return next((c for c in self.counters if c.name == name), None)
 
 
+def _cgroup_ids(keys: Iterable[Labels]) -> set[int]:
+    """The cgroup ids these keys name (0 excluded: it is never a directory)."""
+    return {
+        value
+        for key in keys
+        for name, value in key
+        if name in CGROUP_LABELS and isinstance(value, int) and value != 0
+    }
+
+
 def _names_cgroup(key: Labels) -> bool:
     return any(name in CGROUP_LABELS for name, _ in key)
 
@@ -140,13 +150,7 @@ class Snapshot:
 
     def cgroup_ids(self) -> set[int]:
         """Every cgroup id named in a label (0 excluded: it is never a directory)."""
-        keys = [*self.histograms, *(key for _, key in self.counters)]
-        return {
-            value
-            for key in keys
-            for name, value in key
-            if name in CGROUP_LABELS and isinstance(value, int) and value != 0
-        }
+        return _cgroup_ids([*self.histograms, *(key for _, key in self.counters)])
 
     def to_document(
         self,
@@ -168,12 +172,7 @@ class Snapshot:
         if len(memo) > 2 * len(keys) + 1024:  # keys of cgroups long gone: start afresh
             memo.clear()
         missing = [key for key in keys if key not in memo]
-        ids = {
-            value
-            for key in missing
-            for name, value in key
-            if name in CGROUP_LABELS and isinstance(value, int) and value != 0
-        }
+        ids = _cgroup_ids(missing)
         names = dict(name_cgroups(sorted(ids))) if ids else {}
         uncached: LabelMemo = {}  # keys naming an id not found now: it may be found later
         for key in missing:
@@ -188,7 +187,8 @@ class Snapshot:
                     named[name] = str(value)
             subject = named.get("cgroup", named.get("victim"))
             kept = keep is None or subject is None or keep(subject)
-            result = (dict(sorted(named.items())), tuple(sorted(named.items()))) if kept else None
+            slot = tuple(sorted(named.items()))
+            result = (dict(slot), slot) if kept else None
             (memo if known else uncached)[key] = result
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Histogram]] = {}
         for key, hist in self.histograms.items():
