@@ -50,11 +50,11 @@ from tailsight.analysis.jumps import (
     locate_change,
     no_change,
 )
-from tailsight.analysis.quantiles import LabelKey, describe, quantile_name, series_arrays
+from tailsight.analysis.quantiles import describe, quantile_name, series_arrays
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
 from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.catalog import series_title
 from tailsight.probes.netsyscall import ERRORS

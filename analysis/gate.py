@@ -50,10 +50,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.quantiles import (
-    LabelKey,
     RunInputError,
     describe,
-    label_key,
     load_runs,
     matches,
     quantile_name,
@@ -61,7 +59,7 @@ from tailsight.analysis.quantiles import (
     select_series,
     tail_events,
 )
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey, label_key
 from tailsight.trading_core.timing import IN_SYSTEM
 
 JSON_FORMAT: Final = "tailsight.gate/2"

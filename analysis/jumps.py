@@ -49,14 +49,9 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.analysis.quantiles import (
-    LabelKey,
-    histogram_from_dense,
-    quantile_name,
-    series_arrays,
-)
+from tailsight.analysis.quantiles import histogram_from_dense, quantile_name, series_arrays
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey
 
 Direction = Literal["up", "down"]
 _MIN_EXPECTED = 5.0

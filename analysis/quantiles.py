@@ -16,19 +16,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import HistDocument, HistFormatError
-
-LabelKey = tuple[tuple[str, str], ...]
-"""Sorted ``(name, value)`` pairs: a hashable identity for one series."""
+from tailsight.histfile import HistDocument, HistFormatError, LabelKey, label_key
 
 
 class RunInputError(ValueError):
     """A run file or directory cannot be used (missing, unreadable, wrong format or version)."""
-
-
-def label_key(labels: Mapping[str, str]) -> LabelKey:
-    """Hashable, order-independent identity of a label set."""
-    return tuple(sorted(labels.items()))
 
 
 def describe(key: LabelKey) -> str:

@@ -27,10 +27,10 @@ import numpy.typing as npt
 from tailsight.analysis.attribution import CounterRows
 from tailsight.analysis.causes import CALLS, wanted_counter
 from tailsight.analysis.jumps import TailThreshold
-from tailsight.analysis.quantiles import LabelKey, matches
+from tailsight.analysis.quantiles import matches
 from tailsight.collector.store import IntervalArrays, Layout
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey
 from tailsight.probes.outliers import OUTLIER_EVENTS_SUFFIX
 from tailsight.probes.runqueue import DISPLACED_SWITCHES
 

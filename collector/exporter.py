@@ -27,7 +27,7 @@ from tailsight.hist import (
     Histogram,
     bucket_upper_bounds_ns,
 )
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.catalog import PROBES
 
 if TYPE_CHECKING:
@@ -53,6 +53,14 @@ OTHER_CGROUP: Final = "other"
 CGROUP_LABELS: Final = ("cgroup", "victim", "aggressor")
 # Label values that name no cgroup and are bounded by construction (id 0 = idle CPU).
 FIXED_CGROUP_NAMES: Final = frozenset({"idle", OTHER_CGROUP})
+# A cgroup in the top-K keeps its place until another has this many times its events: cgroups of
+# about equal weight would otherwise swap every interval, each swap ending one cgroup's series
+# and starting another's (series churn in Prometheus, and every key of both re-folded here).
+TOP_K_HYSTERESIS: Final = 1.25
+# How a raw series folds is remembered until it goes unexported this many intervals. Each
+# interval holds only the counters that moved: on a busy host the victim x aggressor pairs come
+# and go from one interval to the next and must not be re-folded every time they come back.
+FOLD_MAX_AGE: Final = 16
 # Labels that would make Prometheus cardinality unbounded: stacks (outlier events) and task ids
 # stay in the recording; the exporter sums over them.
 UNEXPORTED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
@@ -68,7 +76,6 @@ GENERIC_HELP: Final = {
 """Help of a family no probe descriptor describes; a described one's help comes first."""
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
-LabelKey = tuple[tuple[str, str], ...]
 Labels = tuple[tuple[str, str], ...]  # as exposed, in the family's label order
 K = TypeVar("K")
 P = TypeVar("P")
@@ -202,6 +209,7 @@ class _Fold:
     scale: float
     probe: str
     cgroups: tuple[str, ...]
+    seen: int  # the last interval that exported it (``PrometheusExporter.intervals``)
 
 
 @dataclass
@@ -319,7 +327,7 @@ class PrometheusExporter:
     def update(self, document: HistDocument) -> None:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
-        raws = [_key(s.labels) for s in document.series]
+        raws = [key_of(s) for s in document.series]
         sparse = {raw: _Sparse.of(s.hist) for raw, s in zip(raws, document.series, strict=True)}
         if self.pods is not None:  # outside the lock: this may ask the kubelet
             labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
@@ -339,14 +347,14 @@ class PrometheusExporter:
                 slot.coarse[-1] += part.overflow
                 slot.sum_ns += part.sum_ns
             for c in document.counters:
-                name, folded, scale = self._folded_key(c.name, _key(c.labels))
+                name, folded, scale = self._folded_key(c.name, key_of(c))
                 _, total = self._counters.get((name, folded), (scale, 0))
                 self._counters[(name, folded)] = (scale, total + c.value)
             for window in self._windows.values():
                 window.add(document.end_ns, sparse)
             self._last, self._last_sparse = document, sparse
-            self._prune_folds(document)
             self.intervals += 1
+            self._prune_folds()
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
@@ -355,7 +363,9 @@ class PrometheusExporter:
         folded labels and scale of a raw series; remembered until one of its cgroups enters or
         leaves the top-K (``_rank`` drops those)."""
         known = self._folds.get((name, raw))
-        if known is None:
+        if known is not None:
+            known.seen = self.intervals
+        else:
             labels = dict(raw)
             probe = labels.get("probe", "")
             if name:
@@ -363,24 +373,22 @@ class PrometheusExporter:
             else:
                 exported, scale = metric_base(probe, labels), 1.0
             cgroups = tuple(labels[label] for label in CGROUP_LABELS if label in labels)
+            folded = label_key(self._fold(labels, histogram=not name))
             known = self._folds[(name, raw)] = _Fold(
-                exported, _key(self._fold(labels, histogram=not name)), scale, probe, cgroups
+                exported, folded, scale, probe, cgroups, self.intervals
             )
             for cgroup in cgroups:
                 self._folds_of.setdefault((probe, cgroup), []).append((name, raw))
             self._folds_indexed += len(cgroups)
         return known.exported, known.folded, known.scale
 
-    def _prune_folds(self, document: HistDocument) -> None:
-        """Forget how series of cgroups long gone were exported (bounded under churn)."""
-        windows = [window.sums for window in self._windows.values()]
-        held = len(document.counters) + len(self._last_sparse) + sum(len(s) for s in windows)
-        if len(self._folds) <= 2 * held:  # held >= the live series: no need to list them
+    def _prune_folds(self) -> None:
+        """Every FOLD_MAX_AGE intervals, forget how series unexported that long were exported:
+        what is remembered is bounded by the keys of 2 x FOLD_MAX_AGE intervals, under churn too."""
+        if self.intervals % FOLD_MAX_AGE:
             return
-        live = {("", raw) for sums in windows for raw in sums}
-        live.update(("", raw) for raw in self._last_sparse)
-        live.update((c.name, _key(c.labels)) for c in document.counters)
-        self._folds = {key: fold for key, fold in self._folds.items() if key in live}
+        oldest = self.intervals - FOLD_MAX_AGE
+        self._folds = {key: fold for key, fold in self._folds.items() if fold.seen >= oldest}
         self._index_folds()
 
     def _index_folds(self) -> None:
@@ -416,11 +424,12 @@ class PrometheusExporter:
                 self._rank_totals[key] -= n
         for key in gone:
             del self._rank_totals[key]
-        by_probe: dict[str, list[tuple[int, bool, str]]] = {}
+        by_probe: dict[str, list[tuple[float, bool, str]]] = {}
         for (probe, cgroup), n in self._rank_totals.items():
             if n > 0 and cgroup not in FIXED_CGROUP_NAMES and self._allowed(cgroup):
                 incumbent = cgroup in self._kept.get(probe, ())
-                by_probe.setdefault(probe, []).append((-n, not incumbent, cgroup))
+                score = n * TOP_K_HYSTERESIS if incumbent else n
+                by_probe.setdefault(probe, []).append((-score, not incumbent, cgroup))
         retired: set[tuple[str, str]] = set()
         moved: set[tuple[str, str]] = set()  # entered or left the top-K
         for probe in set(self._kept) | set(by_probe):
@@ -543,10 +552,10 @@ class PrometheusExporter:
             )
             ordered = sorted(series.items())
             quantiles = _quantiles_ns([members for _, members in ordered], QUANTILES)
-            for (label_key, _), values_ns in zip(ordered, quantiles, strict=True):
+            for (series_key, _), values_ns in zip(ordered, quantiles, strict=True):
                 if values_ns is None:
                     continue
-                pairs = _pairs(self._with_pods(label_key), names)
+                pairs = _pairs(self._with_pods(series_key), names)
                 family.samples += [
                     (family.name, pairs, q_label, value_ns / 1e9)
                     for q_label, value_ns in zip(quantile_labels, values_ns, strict=True)
@@ -857,10 +866,6 @@ def _cgroups(labels: Mapping[str, str]) -> list[str]:
 
 def _subject(labels: Mapping[str, str]) -> str | None:
     return labels.get("cgroup", labels.get("victim"))
-
-
-def _key(labels: Mapping[str, str]) -> LabelKey:
-    return tuple(sorted(labels.items()))
 
 
 def _label_names(keys: Iterable[LabelKey]) -> list[str]:

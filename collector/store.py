@@ -28,7 +28,15 @@ import numpy.typing as npt
 import zstandard
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, HistFormatError, Series
+from tailsight.histfile import (
+    Counter,
+    HistDocument,
+    HistFormatError,
+    LabelKey,
+    Series,
+    key_of,
+    label_key,
+)
 
 SEGMENT_HEADER: Final = b"tailsight.rec/2\n"
 SEGMENT_HEADER_V1: Final = b"tailsight.rec/1\n"
@@ -47,8 +55,6 @@ _INT64_MAX: Final = 2**63 - 1
 _UINT64_LIMIT: Final = 2**64
 _META_LEN: Final = struct.Struct("<I")
 _ROW_STRIDE: Final = 4096  # > NUM_BUCKETS
-
-LabelKey = tuple[tuple[str, str], ...]
 
 
 class RecordingBusyError(OSError):
@@ -137,7 +143,7 @@ def _checked_key(labels: Mapping[str, str]) -> LabelKey:
     for name, value in labels.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise HistFormatError(f"labels must map strings to strings, got {dict(labels)!r}")
-    return _key(labels)
+    return label_key(labels)
 
 
 def _unpack_interval(payload: bytes) -> HistDocument:
@@ -161,8 +167,8 @@ class Layout:
         for entry in counter_meta:
             if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
                 raise HistFormatError(f"interval metadata: bad counter {entry!r}")
-        series = tuple(_key(_labels(value)) for value in labels)
-        counters = tuple((name, _key(_labels(value))) for name, value in counter_meta)
+        series = tuple(label_key(_labels(value)) for value in labels)
+        counters = tuple((name, label_key(_labels(value))) for name, value in counter_meta)
         seen: set[object] = set()
         for key in series:
             if key in seen:
@@ -234,8 +240,8 @@ class IntervalArrays:
     def of(cls, document: HistDocument) -> IntervalArrays:
         """A document as arrays (text records, and documents handed to the analysis)."""
         layout = Layout(
-            tuple(_key(s.labels) for s in document.series),
-            tuple((c.name, _key(c.labels)) for c in document.counters),
+            tuple(key_of(s) for s in document.series),
+            tuple((c.name, key_of(c)) for c in document.counters),
         )
         nonzero = [np.flatnonzero(s.hist.counts) for s in document.series]
         series = document.series
@@ -918,7 +924,7 @@ def series_arrays(
     for t, doc in enumerate(docs):
         for k, s in enumerate(doc.series):
             if all(s.labels.get(name) == value for name, value in wanted.items()):
-                rows.setdefault(_key(s.labels), []).append((t, k))
+                rows.setdefault(label_key(s.labels), []).append((t, k))
     start = np.array([d.start_ns for d in docs], dtype=np.int64)
     end = np.array([d.end_ns for d in docs], dtype=np.int64)
     out: list[SeriesArrays] = []
@@ -944,7 +950,7 @@ def counter_arrays(
         for c in doc.counters:
             if all(c.labels.get(name) == value for name, value in wanted.items()):
                 slot = values.setdefault(
-                    (c.name, _key(c.labels)), np.zeros(len(docs), dtype=np.int64)
+                    (c.name, label_key(c.labels)), np.zeros(len(docs), dtype=np.int64)
                 )
                 slot[t] += c.value
     end = np.array([d.end_ns for d in docs], dtype=np.int64)
@@ -952,10 +958,6 @@ def counter_arrays(
         CounterArrays(name, dict(key), end.copy(), series)
         for (name, key), series in sorted(values.items())
     ]
-
-
-def _key(labels: Mapping[str, str]) -> LabelKey:
-    return tuple(sorted(labels.items()))
 
 
 def _segment_start(path: Path) -> int:

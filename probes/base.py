@@ -122,10 +122,18 @@ class Snapshot:
         # still. Host-wide ones (drops by reason, steal per CPU) are always there.
         counters = {}
         missing = -1
+        # Whether a counter names a cgroup goes with its name (a probe's pair, event and drop
+        # counters each have fixed labels): asked once per name, not for each of thousands.
+        per_cgroup: dict[str, bool] = {}
         for counter_key, value in self.counters.items():
             before_value = earlier.counters.get(counter_key, missing)
-            if before_value == value and _names_cgroup(counter_key[1]):
-                continue
+            if before_value == value:
+                name = counter_key[0]
+                names_cgroup = per_cgroup.get(name)
+                if names_cgroup is None:
+                    names_cgroup = per_cgroup[name] = _names_cgroup(counter_key[1])
+                if names_cgroup:
+                    continue
             changed_value = value - max(before_value, 0)
             if changed_value < 0:
                 raise ValueError(f"counter {counter_key} went backwards by {-changed_value}")
@@ -210,10 +218,10 @@ class Snapshot:
         return HistDocument(
             start_ns=start_ns,
             end_ns=self.taken_ns,
-            series=[Series(named, hist) for _, (named, hist) in sorted(merged.items())],
+            series=[Series(named, hist, slot) for slot, (named, hist) in sorted(merged.items())],
             counters=[
-                Counter(counter_name, named, value)
-                for (counter_name, _), (named, value) in sorted(totals.items())
+                Counter(counter_name, named, value, slot)
+                for (counter_name, slot), (named, value) in sorted(totals.items())
             ],
         )
 

@@ -25,6 +25,19 @@ _SERIES_FIELDS: Final = ("labels", "count", "sum_ns", "buckets", "overflow")
 _COUNTER_FIELDS: Final = ("labels", "name", "value")
 
 
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def label_key(labels: Mapping[str, str]) -> LabelKey:
+    """A label set as sorted (name, value) pairs: hashable, one per set."""
+    return tuple(sorted(labels.items()))
+
+
+def key_of(item: Series | Counter) -> LabelKey:
+    """A series' or counter's labels as ``label_key`` gives them (``key`` where it was given)."""
+    return item.key if item.key is not None else label_key(item.labels)
+
+
 class HistFormatError(ValueError):
     """Not valid ``tailsight.hist/1``; the message names the file, series and field at fault."""
 
@@ -35,6 +48,9 @@ class Series:
 
     labels: Mapping[str, str]
     hist: Histogram
+    # The labels as sorted (name, value) pairs where the producer had them (Snapshot.to_document):
+    # consumers keyed by label set (the exporter) need not sort each set again. Not compared.
+    key: LabelKey | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,7 @@ class Counter:
     name: str
     labels: Mapping[str, str]
     value: int
+    key: LabelKey | None = field(default=None, compare=False, repr=False)  # as Series.key
 
 
 @dataclass
@@ -102,12 +119,12 @@ class HistDocument:
         series_list = _array(top["series"], "document: series")
         series = [_parse_series(item, n) for n, item in enumerate(series_list)]
         _reject_duplicates(
-            ((_label_key(s.labels), f"series[{n}]") for n, s in enumerate(series)), "series"
+            ((label_key(s.labels), f"series[{n}]") for n, s in enumerate(series)), "series"
         )
         counter_list = _array(top["counters"], "document: counters")
         counters = [_parse_counter(item, n) for n, item in enumerate(counter_list)]
         _reject_duplicates(
-            (((c.name, _label_key(c.labels)), f"counters[{n}]") for n, c in enumerate(counters)),
+            (((c.name, label_key(c.labels)), f"counters[{n}]") for n, c in enumerate(counters)),
             "counter",
         )
         return cls(start_ns=start_ns, end_ns=end_ns, series=series, counters=counters)
@@ -332,10 +349,6 @@ def _reject_duplicates(keyed: Iterator[tuple[object, str]], what: str) -> None:
         if key in first_seen:
             raise HistFormatError(f"{where}: same {what} as {first_seen[key]}")
         first_seen[key] = where
-
-
-def _label_key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(labels.items()))
 
 
 def _sorted_labels(labels: Mapping[str, str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ import typer
 
 if TYPE_CHECKING:
     from tailsight.analysis.gate import Breakdown, GateResult
-    from tailsight.analysis.quantiles import LabelKey
+    from tailsight.histfile import LabelKey
 
 VIEW_WIDTH: Final = 80
 _STYLE: Final = {"pass": "green", "regression": "bold red", "inconclusive": "yellow"}

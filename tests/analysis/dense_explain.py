@@ -21,9 +21,9 @@ from tailsight.analysis.explain import (
     views,
 )
 from tailsight.analysis.jumps import OfflineResult, detect_many
-from tailsight.analysis.quantiles import LabelKey, series_arrays
+from tailsight.analysis.quantiles import series_arrays
 from tailsight.hist import bucket_index
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, LabelKey
 
 
 def dense_explain(

@@ -20,9 +20,8 @@ from tailsight.analysis.attribution import (
     rate_increase_p_value,
     stack_shifts,
 )
-from tailsight.analysis.quantiles import label_key
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import Counter, HistDocument
+from tailsight.histfile import Counter, HistDocument, label_key
 
 FAST_BUCKET = 4  # (20, 25] µs
 SLOW_BUCKET = 100  # (500, 505] µs

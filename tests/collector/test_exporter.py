@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import (
     COARSE_BOUNDS_NS,
+    FOLD_MAX_AGE,
+    TOP_K_HYSTERESIS,
     ProbeStatus,
     PrometheusExporter,
     _quantiles_ns,
@@ -93,6 +95,20 @@ def test_bucket_counts_exact_against_raw_samples() -> None:
     )
 
 
+def test_top_k_place_changes_hands_only_past_the_hysteresis() -> None:
+    """Two cgroups of about equal weight do not swap the one top-K place every interval: the
+    newcomer needs TOP_K_HYSTERESIS times the incumbent's events over the ranking window."""
+    exporter = PrometheusExporter(CollectorConfig(top_k=1, quantile_windows_s=(1.0,)))
+    rng = np.random.default_rng(12)
+    kept = []
+    for t, (a, b) in enumerate([(100, 90), (100, 120), (100, 124), (100, 126), (120, 100)]):
+        exporter.update(doc(t, {"/a": rng.integers(0, 10**6, a), "/b": rng.integers(0, 10**6, b)}))
+        counts = series_of(scrape(exporter), "tailsight_runqueue_wait_seconds_count")
+        kept.append({k[1] for k in counts} - {"cgroup=other"})
+    assert 1.2 < TOP_K_HYSTERESIS < 1.26
+    assert kept == [{"cgroup=/a"}] * 3 + [{"cgroup=/b"}] * 2
+
+
 def test_top_k_and_other_sums_exact() -> None:
     rng = np.random.default_rng(8)
     sizes = {f"/c{n}": 10 * (n + 1) for n in range(10)}  # /c9 busiest
@@ -161,9 +177,9 @@ def test_churn_keeps_cardinality_bounded_and_other_monotonic() -> None:
         other_before = other
         quantiles = series_of(samples, "tailsight_runqueue_wait_quantile_seconds")
         assert len({k[1] for k in quantiles}) <= 4 + 1
-    # What the exporter remembers of each raw series stays bounded too: 401 came and went, at
-    # most ~60 live at once (the window's three intervals).
-    assert len(exporter._folds) <= 150
+    # What the exporter remembers of each raw series stays bounded too: 401 came and went, 10
+    # new ones an interval, remembered for at most 2 x FOLD_MAX_AGE intervals.
+    assert len(exporter._folds) <= 1 + 10 * 2 * FOLD_MAX_AGE < 401
 
 
 def test_window_quantiles_forget_old_intervals() -> None:

@@ -94,6 +94,16 @@ def test_document_merges_by_path_and_names_idle() -> None:
     }
 
 
+def test_document_keys_are_the_sorted_labels() -> None:
+    """The key each series and counter carries (the exporter and recorder use it instead of
+    sorting labels again) is its labels sorted, also where ids merged into one path."""
+    doc = (LATE - EARLY).to_document(1_000, _names({10: "/a", 12: "/a"}))
+    items = [*doc.series, *doc.counters]
+    assert len(items) == 4
+    for item in items:
+        assert item.key == tuple(sorted(item.labels.items()))
+
+
 def test_keep_filters_on_cgroup_or_victim_but_keeps_unlabelled_counters() -> None:
     resolve = _names({10: "/a", 11: "/b", 12: "/c"})
     doc = (LATE - EARLY).to_document(1_000, resolve, keep=lambda path: path == "/c")
