@@ -69,7 +69,12 @@ def serve(
         ),
     ] = None,
     top_k: Annotated[
-        int, typer.Option("--top-k", min=0, help="Busiest cgroups labelled; the rest = other.")
+        int,
+        typer.Option(
+            "--top-k",
+            min=0,
+            help="Busiest cgroups labelled (a place changes hands at 1.25x); the rest = other.",
+        ),
     ] = 20,
     cgroup_root: Annotated[
         str,
