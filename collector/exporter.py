@@ -361,7 +361,7 @@ class PrometheusExporter:
     def _folded_key(self, name: str, raw: LabelKey) -> tuple[str, LabelKey, float]:
         """Exported name (a histogram's metric base when ``name`` is "", else the counter's),
         folded labels and scale of a raw series; remembered until one of its cgroups enters or
-        leaves the top-K (``_rank`` drops those)."""
+        leaves the top-K (``_rank`` drops those) or it goes FOLD_MAX_AGE intervals unexported."""
         known = self._folds.get((name, raw))
         if known is not None:
             known.seen = self.intervals
