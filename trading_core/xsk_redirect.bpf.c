@@ -6,7 +6,7 @@
 // Each redirected frame carries its arrival time (bpf_ktime_get_ns, CLOCK_MONOTONIC, the clock of
 // user space's perf_counter_ns) in its own first bytes, written over the Ethernet addresses: the
 // socket's reader needs only the EtherType and what follows, and a direct packet write works on
-// every kernel that runs XDP. (It rode in the XDP metadata before: some kernels refuse
+// every kernel that runs XDP. A frame no socket takes goes to the stack with its MACs restored. (It rode in the XDP metadata before: some kernels refuse
 // bpf_xdp_adjust_meta to this program type, "program of this type cannot use helper", 6 Dec.)
 // Compile-time: -DFEED_PORT=<udp port>.
 #include <uapi/linux/bpf.h>
@@ -56,9 +56,12 @@ int xsk_redirect(struct xdp_md *ctx)
     if ((void *)(udp + 1) > data_end || udp->dest != htons(FEED_PORT))
         return count_and(1, XDP_PASS);
     struct rx_stamp *stamp = data; /* within the Ethernet header checked above */
+    struct rx_stamp macs = *stamp;
     stamp->rx_ns = now;
     stamp->magic = RX_STAMP_MAGIC;
     // The flags argument is the action when no socket sits at this queue (kernel >= 5.3).
     int action = feed_sockets.redirect_map(ctx->rx_queue_index, XDP_PASS);
+    if (action != XDP_REDIRECT)
+        *stamp = macs; /* to the stack as it came: a stamped frame would be for another host */
     return count_and(action == XDP_REDIRECT ? 0 : 1, action);
 }

@@ -143,3 +143,32 @@ def test_frames_beyond_the_ring_are_dropped_and_counted_by_the_kernel(
     sender.sendto(b"again", (topo.trading_ip, topo.feed_port))
     time.sleep(0.05)
     assert [udp_payload(f) for f in path.xsk.receive()] == [b"again"]
+
+
+@pytest.mark.kernel
+def test_feed_port_frames_reach_the_stack_intact_when_no_socket_is_bound(
+    topo: Topology, xdp_path: AfXdpPath, sender: socket.socket
+) -> None:
+    """With no socket at the queue the program passes feed frames on to the kernel stack, which
+    must get them as they came: the arrival stamp written over their MAC addresses is undone
+    (else the stack sees a frame for another host and drops it)."""
+    import ctypes as ct
+
+    sockets = xdp_path._bpf[b"feed_sockets"]
+    with in_netns(topo.trading_ns):
+        plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        plain.bind((topo.trading_ip, topo.feed_port))
+    del sockets[ct.c_int(0)]
+    try:
+        before = xdp_path.counters()
+        sent = [b"fallback-%d" % i for i in range(OTHER_DATAGRAMS)]
+        for payload in sent:
+            sender.sendto(payload, (topo.trading_ip, topo.feed_port))
+        plain.settimeout(2)
+        assert [plain.recv(100) for _ in sent] == sent
+        after = xdp_path.counters()
+        assert after["xdp_passed_frames"] - before["xdp_passed_frames"] >= len(sent)
+        assert after["xdp_redirected_frames"] == before["xdp_redirected_frames"]
+    finally:
+        sockets[ct.c_int(0)] = ct.c_int(xdp_path.xsk.fd)
+        plain.close()
