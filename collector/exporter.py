@@ -26,6 +26,7 @@ from tailsight.hist import (
     TAIL_BUCKETS,
     Histogram,
     bucket_upper_bounds_ns,
+    nonzero_index,
 )
 from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.catalog import PROBES
@@ -185,18 +186,23 @@ class _Sparse:
 
     @classmethod
     def of(cls, hist: Histogram) -> _Sparse:
-        index = hist.counts.nonzero()[0].astype(np.int64, copy=False)
+        index = nonzero_index(hist.counts)
         return cls(index, hist.counts[index], hist.overflow, hist.sum_ns)
 
     @property
     def total(self) -> int:
-        """Observations, overflow included."""
-        return int(self.count.sum()) + self.overflow
+        """Observations, overflow included (a Python sum: numpy's costs 3x on ~40 buckets)."""
+        return sum(self.count.tolist()) + self.overflow
 
-    def add_to(self, dense: Histogram, sign: int) -> None:
-        dense.counts[self.index] += sign * self.count
-        dense.overflow += sign * self.overflow
-        dense.sum_ns += sign * self.sum_ns
+    def add_to(self, dense: Histogram) -> None:
+        dense.counts[self.index] += self.count
+        dense.overflow += self.overflow
+        dense.sum_ns += self.sum_ns
+
+    def subtract_from(self, dense: Histogram) -> None:
+        dense.counts[self.index] -= self.count
+        dense.overflow -= self.overflow
+        dense.sum_ns -= self.sum_ns
 
 
 @dataclass(slots=True)
@@ -263,11 +269,11 @@ class _Window:
             dense = self.sums.get(key)
             if dense is None:
                 dense = self.sums[key] = Histogram.empty()
-            part.add_to(dense, 1)
+            part.add_to(dense)
         expired, gone = self.sliding.push(end_ns, sparse)
         for old in expired:
             for key, part in old.items():
-                part.add_to(self.sums[key], -1)
+                part.subtract_from(self.sums[key])
         for key in gone:
             del self.sums[key]
 
@@ -845,14 +851,14 @@ def _merged_nonzero(
     for part in parts:
         if isinstance(part, Histogram):
             dense += part.counts
-    index = np.flatnonzero(dense)
+    index = nonzero_index(dense)
     return index, dense[index], sum(part.overflow for part in parts)
 
 
 def _nonzero(part: _Sparse | Histogram) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
     if isinstance(part, _Sparse):
         return part.index, part.count, part.overflow
-    index = np.flatnonzero(part.counts)
+    index = nonzero_index(part.counts)
     return index, part.counts[index], part.overflow
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
-from tailsight.hist import NUM_BUCKETS, Histogram
+from tailsight.hist import NUM_BUCKETS, Histogram, nonzero_index
 from tailsight.histfile import (
     Counter,
     HistDocument,
@@ -96,7 +96,7 @@ def _pack_interval(document: HistDocument) -> bytes | None:
         "counters": [[c.name, dict(c.labels)] for c in document.counters],
     }
     meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    nonzero = [np.flatnonzero(s.hist.counts) for s in series]
+    nonzero = [nonzero_index(s.hist.counts) for s in series]
     indices = np.concatenate(nonzero) if series else np.zeros(0)
     counts = (
         np.concatenate([s.hist.counts[k] for s, k in zip(series, nonzero, strict=True)])
@@ -243,7 +243,7 @@ class IntervalArrays:
             tuple(key_of(s) for s in document.series),
             tuple((c.name, key_of(c)) for c in document.counters),
         )
-        nonzero = [np.flatnonzero(s.hist.counts) for s in document.series]
+        nonzero = [nonzero_index(s.hist.counts) for s in document.series]
         series = document.series
         return cls(
             document.start_ns,

