@@ -192,7 +192,8 @@ class _Sparse:
     @property
     def total(self) -> int:
         """Observations, overflow included (a Python sum: numpy's costs 3x on ~40 buckets)."""
-        return sum(self.count.tolist()) + self.overflow
+        counts: list[int] = self.count.tolist()
+        return sum(counts) + self.overflow
 
     def add_to(self, dense: Histogram) -> None:
         dense.counts[self.index] += self.count
