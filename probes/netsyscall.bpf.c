@@ -13,25 +13,32 @@
  * any map access.
  *
  * Attribution: both tracepoints run in the calling thread's process context, so `current` is
- * the caller; its cgroup is read by direct loads from bpf_get_current_task_btf() on tp_btf,
- * bpf_get_current_cgroup_id() on raw tracepoints.  Syscall numbers are -D values from
- * tailsight/probes/syscalls.py (per `uname -m`).  Known gap: 32-bit compat (ia32) syscalls have
- * their own numbering and are not told apart, so a 32-bit process's syscall whose number
- * collides (ia32 45 = brk) would be counted.
+ * the caller; its cgroup is read at sys_enter (where the filter needs it; kept with the start
+ * time, so sys_exit calls no helper but the clock), by direct loads from
+ * bpf_get_current_task_btf() on tp_btf, bpf_get_current_cgroup_id() on raw tracepoints.
+ * Syscall numbers are -D values from tailsight/probes/syscalls.py (per `uname -m`).  Known gap:
+ * 32-bit compat (ia32) syscalls have their own numbering and are not told apart, so a 32-bit
+ * process's syscall whose number collides (ia32 45 = brk) would be counted.
  *
  * Hot path: every syscall on the machine runs these programs.  A non-socket syscall costs a
  * compare chain on its id (enter) or one load plus the compare chain (exit), no map access.  A
- * call in flight is kept in a tid-indexed array slot tagged with the tid (no hash); a sample
- * goes to a series slot ((cgroup, syscall) -> slot, a per-CPU cache in front of a hash) whose
- * histogram row and totals are arrays.
+ * call in flight is kept in an array slot indexed and tagged by the caller's syscall frame
+ * (frame_slot: no tid, no hash map); a sample goes to a series slot ((cgroup, syscall) -> slot,
+ * a per-CPU cache in front of a hash) whose histogram row and exact sum are arrays (the count is
+ * the row's sum).
  *
  * Overhead (benchmarks/bench_netsyscall_overhead.py: kernel BPF stats on the loaded 2-vCPU dev
- * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf:
- *   getpid loop (not traced): sys_enter 69.4 vs 66.6 ns (1.04x), sys_exit 72.5 vs 66.6 (1.09x)
- *   UDP sendto (traced):      sys_enter 206 vs 68 ns (3.0x), sys_exit 220 vs 78 ns (2.8x):
- *                             two clock reads (~65 ns each here) are most of it
- * Before (raw tracepoints, LRU + hash maps, same bench): getpid sys_exit 124 vs 64 ns (1.94x),
- * sendto sys_enter 281 vs 72 ns (3.9x), sys_exit 489 vs 80 ns (6.1x).
+ * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf,
+ * 6 Dec, three rounds interleaved with the tid-slot version before it:
+ *   getpid loop (not traced): sys_enter and sys_exit 1.02x (+1 ns)
+ *   UDP sendto (traced):      sys_enter +81..90 ns (2.58-2.69x), sys_exit +63..70 ns
+ *                             (2.19-2.25x); both together +144..160 ns per call, against
+ *                             +162..170 ns (2.52-2.57x, 2.57-2.71x) with the tid slots.
+ * The floor here: one clock read per program (~60-65 ns) and one read of the caller's cgroup
+ * (helper + four dependent loads, ~20 ns) in one of them; with empty programs at ~51 ns, both
+ * cannot be under 2.5x.  (Reading the cgroup at sys_exit instead: 2.2-2.3x at enter,
+ * 2.7-3.0x at exit.)  Earlier (raw tracepoints, LRU + hash maps): getpid sys_exit 1.94x,
+ * sendto sys_enter 3.9x, sys_exit 6.1x.
  *
  * Outliers: a call slower than max(OUTLIER_FLOOR_NS, its cgroup's threshold) is sent through
  * netsyscall_outlier_events with the caller's kernel and user stacks, taken at sys_exit where
@@ -51,11 +58,11 @@
  *   top outlier stacks: netsyscall /tailsight-test/echo recvfrom, 17 events,
  *     entry_SYSCALL_64_after_hwframe;do_syscall_64;syscall_exit_work | recvfrom
  *
- * Lost samples are counted (netsyscall_dropped_events): a thread slot taken over by another
- * thread whose tid collides (tid % NETSYSCALL_MAX_THREADS) while the call was in flight, no
- * series slot left, error map full.
+ * Lost samples are counted (netsyscall_dropped_events): a start slot taken over by another
+ * thread whose frame hashes to the same slot while the call was in flight, no series slot left,
+ * error map full.
  *
- * Tunables (-D): NETSYSCALL_MAX_THREADS (a power of two), NETSYSCALL_MAX_SERIES (set by
+ * Tunables (-D): NETSYSCALL_THREAD_BITS (2^bits start slots), NETSYSCALL_MAX_SERIES (set by
  * netsyscall.py), NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER: record only cgroup ids in
  * netsyscall_cgroup_allow (checked at sys_enter).
  */
@@ -64,15 +71,16 @@
 #include "slots.bpf.h"
 #include "task.bpf.h"
 
-#if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(NR_SENDTO) || !defined(NR_RECVFROM) ||       \
-    !defined(NR_SENDMSG) || !defined(NR_RECVMSG) || !defined(NR_RECVMMSG) ||                   \
-    !defined(NR_SENDMMSG) || !defined(NETSYSCALL_MAX_SERIES)
+#if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(PT_REGS_USER_SP_OFF) || !defined(NR_SENDTO) ||    \
+    !defined(NR_RECVFROM) || !defined(NR_SENDMSG) || !defined(NR_RECVMSG) ||                       \
+    !defined(NR_RECVMMSG) || !defined(NR_SENDMMSG) || !defined(NETSYSCALL_MAX_SERIES)
 #error "compile through tailsight.probes.netsyscall (syscall numbers, pt_regs offset, series)"
 #endif
 
-#ifndef NETSYSCALL_MAX_THREADS
-#define NETSYSCALL_MAX_THREADS 65536
+#ifndef NETSYSCALL_THREAD_BITS
+#define NETSYSCALL_THREAD_BITS 16
 #endif
+#define NETSYSCALL_MAX_THREADS (1U << NETSYSCALL_THREAD_BITS) /* calls in flight at once */
 #ifndef NETSYSCALL_MAX_ERRORS
 #define NETSYSCALL_MAX_ERRORS 4096
 #endif
@@ -89,11 +97,13 @@
     ((nr) == NR_SENDTO || (nr) == NR_RECVFROM || (nr) == NR_SENDMSG || (nr) == NR_RECVMSG ||    \
      (nr) == NR_RECVMMSG || (nr) == NR_SENDMMSG)
 
-/* The call in flight of the thread whose tid % NETSYSCALL_MAX_THREADS is the index. */
+/* The call in flight of the thread whose syscall frame hashes to the index (frame_slot). */
 struct netsyscall_start {
-    u64 start_ns; /* 0: no call in flight */
-    u32 tid;
+    u64 start_ns;  /* 0: no call in flight */
+    u64 frame;     /* the caller's pt_regs address: whose call this is */
+    u64 cgroup_id; /* the caller's, read at entry: the exit then calls no helper but the clock */
     u32 nr;
+    u32 pad;
 };
 
 struct netsyscall_series_key {
@@ -124,11 +134,11 @@ BPF_HASH(netsyscall_slots, struct netsyscall_series_key, u32, NETSYSCALL_MAX_SER
 BPF_HASH(netsyscall_slot_owner, u32, struct netsyscall_series_key, NETSYSCALL_MAX_SERIES);
 BPF_ARRAY(netsyscall_slot_hint, u32, 1);
 BPF_PERCPU_ARRAY(netsyscall_cpu_state, struct netsyscall_cpu, 1);
-/* Row per series slot: bucket counts; totals per slot (atomic adds; user space maps both). */
+/* Row per series slot: bucket counts, and the exact sum beside it (atomic adds; user space
+ * maps both; the count is the row's sum). */
 BPF_F_TABLE("array", u32, u64, netsyscall_latency_hist, NETSYSCALL_MAX_SERIES * HIST_ROW,
             BPF_F_MMAPABLE);
-BPF_F_TABLE("array", u32, struct hist_totals, netsyscall_latency_totals, NETSYSCALL_MAX_SERIES,
-            BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, u64, netsyscall_sum_ns, NETSYSCALL_MAX_SERIES, BPF_F_MMAPABLE);
 BPF_HASH(netsyscall_errors, struct netsyscall_error_key, u64, NETSYSCALL_MAX_ERRORS);
 BPF_PERCPU_ARRAY(netsyscall_dropped_events, u64, DROP_REASONS);
 BPF_RINGBUF_OUTPUT(netsyscall_outlier_events, OUTLIER_RINGBUF_PAGES);
@@ -156,17 +166,32 @@ static __always_inline void count_outlier_drop(u32 reason)
         (*dropped)++;
 }
 
-/* The caller (current): on tp_btf a BTF task read by direct loads (~2 ns for its cgroup), on raw
- * tracepoints the helpers.  One task pointer per program run: helper calls are not merged. */
+/* The caller's (current's) cgroup: on tp_btf direct loads from the BTF task (~2 ns after the
+ * task helper's ~14), on raw tracepoints the cgroup helper (~37 ns). */
 #ifdef TAILSIGHT_TP_BTF
-#define CURRENT_TASK() ((const void *)bpf_get_current_task_btf())
-#define TASK_TID(task) task_pid(task)
-#define TASK_CGROUP_ID(task) task_cgroup_id(task)
+#define CALLER_CGROUP_ID() task_cgroup_id((const void *)bpf_get_current_task_btf())
 #else
-#define CURRENT_TASK() ((const void *)0)
-#define TASK_TID(task) ((u32)bpf_get_current_pid_tgid())
-#define TASK_CGROUP_ID(task) bpf_get_current_cgroup_id()
+#define CALLER_CGROUP_ID() bpf_get_current_cgroup_id()
 #endif
+
+/* The start slot of a call.  Both tracepoints get the caller's pt_regs (its syscall frame, at the
+ * top of its kernel stack): one address per thread, the same at enter and exit, and an argument,
+ * so it tags the slot (a collision is a counted drop, never a wrong pairing).  The slot is a
+ * Fibonacci hash of a number that is the same at enter and exit and rarely equal for two calls
+ * in flight at once: on tp_btf the user stack pointer saved in the frame (one direct load: the
+ * verifier allows no arithmetic on the frame's typed pointer), on raw tracepoints the frame's
+ * address itself (a plain number there; the saved stack pointer would cost a probe read). */
+#ifdef TAILSIGHT_TP_BTF
+#define FRAME_HASHED(frame) kread_u64((const void *)(frame), PT_REGS_USER_SP_OFF)
+#else
+#define FRAME_HASHED(frame) (frame)
+#endif
+
+static __always_inline u32 frame_slot(u64 frame)
+{
+    return (u32)(((FRAME_HASHED(frame) >> 12) * 11400714819323198485ull) >>
+                 (64 - NETSYSCALL_THREAD_BITS));
+}
 
 /* Sends an outlier with the stacks of current, the caller still in its syscall. */
 static __always_inline void send_outlier(void *ctx, u64 cgroup_id, u64 duration_ns, u32 nr)
@@ -248,30 +273,26 @@ static __always_inline s32 series_slot(u64 cgroup_id, u32 nr)
 
 int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
+    u64 frame = ctx->args[0];
     long nr = (long)ctx->args[1];
-    const void *task;
-    u32 tid;
+    u64 cgroup_id;
     u32 index;
     struct netsyscall_start *in_flight;
 
     if (!IS_NET_SYSCALL(nr))
         return 0;
-    task = CURRENT_TASK();
+    cgroup_id = CALLER_CGROUP_ID();
 #ifdef NETSYSCALL_CGROUP_FILTER
-    {
-        u64 cgroup_id = TASK_CGROUP_ID(task);
-
-        if (!netsyscall_cgroup_allow.lookup(&cgroup_id))
-            return 0;
-    }
+    if (!netsyscall_cgroup_allow.lookup(&cgroup_id))
+        return 0;
 #endif
-    tid = TASK_TID(task);
-    index = tid & (NETSYSCALL_MAX_THREADS - 1);
+    index = frame_slot(frame);
     in_flight = netsyscall_start_ns.lookup(&index);
     if (!in_flight)
         return 0;
-    /* A colliding tid's call still in flight is overwritten: counted when that one exits. */
-    in_flight->tid = tid;
+    /* A colliding thread's call still in flight is overwritten: counted when that one exits. */
+    in_flight->frame = frame;
+    in_flight->cgroup_id = cgroup_id;
     in_flight->nr = (u32)nr;
     in_flight->start_ns = bpf_ktime_get_ns();
     return 0;
@@ -280,10 +301,9 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
     /* The low 32 bits of orig_ax (-1 outside a syscall: never a socket syscall number). */
-    u32 nr = kread_u32((const void *)ctx->args[0], PT_REGS_SYSCALL_NR_OFF);
+    u64 frame = ctx->args[0];
+    u32 nr = kread_u32((const void *)frame, PT_REGS_SYSCALL_NR_OFF);
     long ret = (long)ctx->args[1];
-    const void *task;
-    u32 tid;
     u64 start_ns;
     u64 duration_ns;
     u64 cgroup_id;
@@ -296,26 +316,23 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
     s32 slot;
     struct netsyscall_start *in_flight;
     struct netsyscall_error_key error = {};
-    struct hist_totals *totals;
+    u64 *sum_ns;
 
     if (!IS_NET_SYSCALL(nr))
         return 0;
-    task = CURRENT_TASK();
-    tid = TASK_TID(task);
-    index = tid & (NETSYSCALL_MAX_THREADS - 1);
+    index = frame_slot(frame);
     in_flight = netsyscall_start_ns.lookup(&index);
     if (!in_flight || in_flight->start_ns == 0)
         return 0; /* entered before we attached, or filtered out at sys_enter */
-    if (in_flight->tid != tid) {
-        count_drop(DROP_THREAD_COLLISION); /* our start was overwritten by a colliding tid */
+    if (in_flight->frame != frame) {
+        count_drop(DROP_THREAD_COLLISION); /* our start was overwritten by a colliding thread */
         return 0;
     }
     start_ns = in_flight->start_ns;
     nr = in_flight->nr; /* as seen at entry, where the id is an argument */
+    cgroup_id = in_flight->cgroup_id;
     in_flight->start_ns = 0;
     duration_ns = bpf_ktime_get_ns() - start_ns;
-
-    cgroup_id = TASK_CGROUP_ID(task);
     slot = series_slot(cgroup_id, nr);
     if (slot < 0) {
         count_drop(DROP_SERIES_FULL);
@@ -324,8 +341,8 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
     row = (u32)slot;
     cell = row * HIST_ROW + hist_bucket_index(duration_ns);
     bucket_count = netsyscall_latency_hist.lookup(&cell);
-    totals = netsyscall_latency_totals.lookup(&row);
-    hist_add_sample(bucket_count, totals, duration_ns); /* both exist: slot is in range */
+    sum_ns = netsyscall_sum_ns.lookup(&row);
+    hist_add_sample(bucket_count, sum_ns, duration_ns); /* both exist: slot is in range */
     if (ret < 0) {
         error.cgroup_id = cgroup_id;
         error.nr = nr;

@@ -25,7 +25,7 @@ from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_RATE_PER_S,
     outlier_counters,
 )
-from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
+from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field, user_sp_field
 
 PROBE_NAME: Final = "netsyscall"
 # Index i of the kernel's netsyscall_dropped_events array (DROP_* in netsyscall.bpf.c).
@@ -83,14 +83,22 @@ class NetSyscallProbe(BccProbe):
         self._names = {number: name for name, number in self.numbers.items()}
 
     def extra_cflags(self) -> list[str]:
-        """Syscall numbers of this architecture and the BTF offset of the pt_regs member
-        holding the syscall number (read at sys_exit)."""
+        """Syscall numbers of this architecture and the BTF offsets of the pt_regs members
+        holding the syscall number (read at sys_exit) and the user stack pointer (a call's
+        start slot on tp_btf)."""
         from tailsight.probes.offsets import OffsetCheckError, resolve_offsets
 
         field = syscall_nr_field()
-        offsets = resolve_offsets(fields={"PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field)})
+        offsets = resolve_offsets(
+            fields={
+                "PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field),
+                "PT_REGS_USER_SP_OFF": ("pt_regs", user_sp_field()),
+            }
+        )
         if offsets["PT_REGS_SYSCALL_NR_OFF"] % 4:
             raise OffsetCheckError(f"pt_regs.{field} is not 4-byte aligned")
+        if offsets["PT_REGS_USER_SP_OFF"] % 8:
+            raise OffsetCheckError(f"pt_regs.{user_sp_field()} is not 8-byte aligned")
         flags = [f"-D{macro}={value}" for macro, value in offsets.items()]
         flags += [f"-DNR_{name.upper()}={number}" for name, number in self.numbers.items()]
         return [*flags, f"-DNETSYSCALL_MAX_SERIES={MAX_SERIES}"]
@@ -113,10 +121,10 @@ class NetSyscallProbe(BccProbe):
         slots = sorted(series_of)
         steer_slot_hint(bpf, PROBE_NAME, slots, 0, MAX_SERIES)
         hist_rows = self.mapped_array("netsyscall_latency_hist", np.uint64, (MAX_SERIES, HIST_ROW))
-        totals = self.mapped_array("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2))
-        # Totals first: a sample lands in its bucket before the totals, so a racing read never
-        # has a sum larger than the buckets explain.
-        sums = totals[slots, 1]  # fancy indexing copies: one read each
+        sum_ns = self.mapped_array("netsyscall_sum_ns", np.uint64, (MAX_SERIES,))
+        # Sums first: a sample lands in its bucket before the sum, so a racing read never has a
+        # sum larger than the buckets explain.
+        sums = sum_ns[slots]  # fancy indexing copies: one read each
         rows = hist_rows[slots]
         latency = {
             series_of[slot]: hist
@@ -157,7 +165,7 @@ class NetSyscallProbe(BccProbe):
         ]
         if gone:
             rows = sorted(slot for _, slot in gone)
-            self.mapped("netsyscall_latency_totals", np.uint64, (MAX_SERIES, 2)).zero(rows)
+            self.mapped("netsyscall_sum_ns", np.uint64, (MAX_SERIES,)).zero(rows)
             self.mapped("netsyscall_latency_hist", np.uint64, (MAX_SERIES, HIST_ROW)).zero(rows)
             release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
         delete_where(bpf[b"netsyscall_errors"], lambda key: int(key.cgroup_id) in cgroup_ids)

@@ -26,12 +26,6 @@ struct hist_key {
     u32 pad; /* keys are hashed bytewise: keep the padding explicit and zero */
 };
 
-/* Per-cgroup totals kept beside the buckets: the exact sum the quantiles cannot give. */
-struct hist_totals {
-    u64 count;
-    u64 sum_ns;
-};
-
 /* (v - 1) / 5000 for v - 1 < 10.24 ms as a multiply and shift: the JIT turns a division into
  * x86's div (tens of cycles on every sample).  Exact below 2^36 / (M * 5000 - 2^36) = 2.1e7,
  * checked for every value in tests/probes/test_hist_bpf.py. */
@@ -71,18 +65,17 @@ static __always_inline struct hist_key hist_key_for(u64 cgroup_id, u64 value_ns)
     return key;
 }
 
-/* Adds one sample to its bucket cell and to the cgroup's totals (slots from
- * `lookup_or_try_init`).  Returns -1 without touching anything if a slot is missing (map full):
- * the caller counts that as a drop, so a histogram never has buckets and totals that disagree
- * because of a half-recorded sample. */
-static __always_inline int hist_add_sample(u64 *bucket_count, struct hist_totals *totals,
-                                           u64 value_ns)
+/* Adds one sample to its bucket cell and to the exact sum kept beside the row (the count is
+ * the row's sum, so no third atomic).  Bucket before sum: a racing read never has a sum larger
+ * than its buckets explain.  Returns -1 without touching anything if a slot is missing (map
+ * full): the caller counts that as a drop, so buckets and sum never disagree because of a
+ * half-recorded sample. */
+static __always_inline int hist_add_sample(u64 *bucket_count, u64 *sum_ns, u64 value_ns)
 {
-    if (!bucket_count || !totals)
+    if (!bucket_count || !sum_ns)
         return -1;
     __sync_fetch_and_add(bucket_count, 1);
-    __sync_fetch_and_add(&totals->count, 1);
-    __sync_fetch_and_add(&totals->sum_ns, value_ns);
+    __sync_fetch_and_add(sum_ns, value_ns);
     return 0;
 }
 

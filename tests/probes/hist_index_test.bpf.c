@@ -3,18 +3,17 @@
 #include "hist.bpf.h"
 
 BPF_HASH(test_hist, struct hist_key, u64, 8192);
-BPF_HASH(test_totals, u64, struct hist_totals, 64);
+BPF_HASH(test_sums, u64, u64, 64);
 
 int hist_index_of(struct bpf_raw_tracepoint_args *ctx)
 {
     u64 value_ns = ctx->args[0];
     u64 cgroup_id = ctx->args[1];
     struct hist_key key = hist_key_for(cgroup_id, value_ns);
-    struct hist_totals no_totals = {};
     u64 zero = 0;
     u64 *bucket_count = test_hist.lookup_or_try_init(&key, &zero);
-    struct hist_totals *totals = test_totals.lookup_or_try_init(&cgroup_id, &no_totals);
+    u64 *sum_ns = test_sums.lookup_or_try_init(&cgroup_id, &zero);
 
-    hist_add_sample(bucket_count, totals, value_ns);
+    hist_add_sample(bucket_count, sum_ns, value_ns);
     return key.bucket;
 }

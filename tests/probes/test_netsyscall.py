@@ -24,6 +24,7 @@ from tailsight.probes.syscalls import (
     UnsupportedArchitecture,
     net_syscall_numbers,
     syscall_nr_field,
+    user_sp_field,
 )
 from tailsight.workload import Workload, private_base, python_task
 
@@ -85,6 +86,7 @@ def test_tracepoint_signatures_match_btf(kernel_ready: None) -> None:
     for tracepoint, args in expected_tracepoint_args().items():
         assert btf.tracepoint_args(tracepoint) == list(args)
     assert btf.member("pt_regs", syscall_nr_field()).size_bytes in (4, 8)
+    assert btf.member("pt_regs", user_sp_field()).size_bytes == 8
 
 
 @pytest.mark.kernel
@@ -156,3 +158,5 @@ def test_unknown_architecture_is_refused() -> None:
         net_syscall_numbers("pdp11")
     with pytest.raises(UnsupportedArchitecture):
         syscall_nr_field("pdp11")
+    with pytest.raises(UnsupportedArchitecture):
+        user_sp_field("pdp11")
