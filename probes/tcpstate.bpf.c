@@ -33,9 +33,12 @@
  * softirq (an incoming SYN-ACK, a retransmit timer) with an unrelated `current`, which is never
  * used.  Only IPPROTO_TCP sockets count (the tracepoint also serves other protocols).
  *
- * State: per-socket {state, entered_ns, born_ns, syn_sent_ns} in an LRU hash keyed by the sock
- * address, deleted at CLOSE; LRU evicts entries of sockets freed without a CLOSE we saw, and a
- * socket born at the address of such an entry replaces it (counted as stale_socket).
+ * State: per-socket {sk, state, entered_ns, born_ns, syn_sent_ns} in a set-associative array:
+ * the socket's address hashes to a set of TCPSTATE_SOCK_WAYS entries tagged with the address
+ * (array lookups the verifier inlines, no hash-map update or delete on this hot path), freed at
+ * CLOSE.  A socket seen first takes a free way (compare-and-swap), else the way whose state is
+ * oldest, most likely a socket freed without a CLOSE we saw (counted as sock_table_full); a
+ * socket born at the address of a leftover entry replaces it (counted as stale_socket).
  *
  * Overhead (kernel BPF stats, 2000 loopback connect/accept/close cycles, this 2-vCPU VM, two
  * runs): inet_sock_set_state 420-550 ns/event against 52-59 ns for an empty program on the same
@@ -45,7 +48,7 @@
  * socket-cgroup read and one hash add per retransmit.  benchmarks/bench_probe_overhead.py
  * (connect/accept/close loop, same run): tp_btf 509-543 vs 75-79 ns (6.8-7.0x) on series
  * slots; before, with two hash lookup-or-inits per sample: 620-720 vs 74-78 ns (7.9-9.2x).
- * What remains is the per-socket LRU hash (lookup, then update or delete) and the clock read.
+ * What remained was the per-socket LRU hash (lookup, then update or delete) and the clock read.
  * BPF socket local storage instead of the LRU hash (tp_btf only; created at a birth, left at
  * CLOSE, freed with the socket) was slower here: 316-320 vs 252-258 ns/event, loopback
  * connections/s -9.8 to -11.2 % vs -8.4 to -9.4 % with the probe on (4 Dec, 3 rounds each,
@@ -55,6 +58,10 @@
  * benchmark, three 5 s runs each on the shared machine: before 303-314 vs 56-59 ns (5.30-5.39x),
  * after 310-388 vs 57-64 ns (5.45-6.05x).  A first version with an LRU hash update instead of
  * the array cost 505-529 ns (8.9-9.1x) under this connection churn, and was dropped.
+ *
+ * The set-associative socket table instead of the LRU hash (6 Dec, same benchmark, interleaved
+ * with the LRU version, two rounds): 179 vs 53-54 ns (3.34-3.36x) against 280-292 vs 54-55 ns
+ * (5.15-5.28x).  What remains is mostly the clock read (~65 ns here).
  *
  * Example (31 loopback connects, client and server both in "/", same VM):
  *   /  time_in_state  SYN_SENT->ESTABLISHED  31  P50   7.6 µs  P99 23.5 µs
@@ -68,16 +75,19 @@
  * Storage: series -> slot (a 16-entry per-CPU cache in front of a hash, include/slots.bpf.h),
  * then a histogram row and an exact sum per slot in arrays (atomic adds, mmap-ed by user space).
  *
- * Tunables (-D): TCPSTATE_MAX_SOCKS, TCPSTATE_MAX_SERIES (set by tcpstate.py),
- * TCPSTATE_MAX_CGROUPS, TCPSTATE_PORT_LABELS (label series with allow-listed ports),
+ * Tunables (-D): TCPSTATE_SOCK_SET_BITS, TCPSTATE_SOCK_WAYS, TCPSTATE_MAX_SERIES (set by
+ * tcpstate.py), TCPSTATE_MAX_CGROUPS, TCPSTATE_PORT_LABELS (label series with allow-listed ports),
  * TCPSTATE_RETRANSMIT_HAS_ERR (the tracepoint's third argument is err).
  */
 #include "hist.bpf.h"
 #include "slots.bpf.h"
 #include "sock.bpf.h"
 
-#ifndef TCPSTATE_MAX_SOCKS
-#define TCPSTATE_MAX_SOCKS 65536
+#ifndef TCPSTATE_SOCK_SET_BITS
+#define TCPSTATE_SOCK_SET_BITS 15 /* 2^15 sets of TCPSTATE_SOCK_WAYS tracked sockets */
+#endif
+#ifndef TCPSTATE_SOCK_WAYS
+#define TCPSTATE_SOCK_WAYS 4
 #endif
 #ifndef TCPSTATE_MAX_SERIES
 #define TCPSTATE_MAX_SERIES 512
@@ -103,7 +113,7 @@
 #define KIND_LIFETIME 2
 
 /* Drop reasons (index into tcpstate_dropped_events). */
-#define DROP_SOCK_TABLE 0 /* no room to track a socket */
+#define DROP_SOCK_TABLE 0 /* a socket's set was full: the oldest entry there gave way */
 #define DROP_HIST_FULL 1 /* no series slot left */
 #define DROP_COUNTER_FULL 2
 #define DROP_PEER_FULL 3 /* no room for a (cgroup, other end) retransmit counter */
@@ -117,11 +127,17 @@
 #define CONFIG_SLOTS 2
 
 struct tcpstate_sock {
+    u64 sk;          /* the socket's address; 0: a free way */
     u64 entered_ns;  /* when the socket entered `state` */
     u64 born_ns;     /* 0: birth not seen (or a listener) -> no lifetime sample */
     u64 syn_sent_ns; /* 0: no active open seen */
     u32 state;
     u32 pad;
+};
+
+/* The sockets whose address hashes to one index (sock_set_index). */
+struct tcpstate_sock_set {
+    struct tcpstate_sock way[TCPSTATE_SOCK_WAYS];
 };
 
 /* One histogram: keys are hashed bytewise, so every padding byte is explicit and zeroed. */
@@ -142,6 +158,7 @@ struct tcpstate_series_cached {
 
 struct tcpstate_cpu {
     struct tcpstate_series_cached cache[SERIES_CACHE];
+    u64 scratch; /* sock_address */
 };
 
 /* One established socket: its (local port << 16 | remote port) and its cgroup. */
@@ -168,7 +185,8 @@ struct tcpstate_selfcheck {
     u16 pad;
 };
 
-BPF_TABLE("lru_hash", u64, struct tcpstate_sock, tcpstate_socks, TCPSTATE_MAX_SOCKS);
+BPF_F_TABLE("array", u32, struct tcpstate_sock_set, tcpstate_socks, 1 << TCPSTATE_SOCK_SET_BITS,
+            BPF_F_MMAPABLE);
 /* series -> slot and the claim of each slot (include/slots.bpf.h). */
 BPF_HASH(tcpstate_slots, struct tcpstate_series, u32, TCPSTATE_MAX_SERIES);
 BPF_HASH(tcpstate_slot_owner, u32, struct tcpstate_series, TCPSTATE_MAX_SERIES);
@@ -315,6 +333,58 @@ static __always_inline void record(u64 cgroup_id, u16 port, u8 kind, u8 from_sta
     __sync_fetch_and_add(sum_ns, value_ns);
 }
 
+/* The socket's address as a number.  On tp_btf the argument is a typed pointer, on which the
+ * verifier allows no arithmetic (sock_set_index hashes it): a store into this CPU's scratch slot
+ * and a load back hand it over as a plain value.  On raw tracepoints it is one already. */
+static __always_inline u64 sock_address(u64 sk_arg, struct tcpstate_cpu *cpu)
+{
+#ifdef TAILSIGHT_TP_BTF
+    *(volatile u64 *)&cpu->scratch = sk_arg;
+    return *(volatile u64 *)&cpu->scratch;
+#else
+    return sk_arg;
+#endif
+}
+
+/* The set of a socket address (Fibonacci hashing: the top bits of a multiply). */
+static __always_inline u32 sock_set_index(u64 address)
+{
+    return (u32)((address * 11400714819323198485ull) >> (64 - TCPSTATE_SOCK_SET_BITS));
+}
+
+static __always_inline struct tcpstate_sock *sock_find(struct tcpstate_sock_set *set, u64 address)
+{
+#pragma unroll
+    for (int i = 0; i < TCPSTATE_SOCK_WAYS; i++) {
+        if (set->way[i].sk == address)
+            return &set->way[i];
+    }
+    return NULL;
+}
+
+/* A way for a socket seen for the first time: a free one, else the one whose state is oldest (a
+ * socket freed without a CLOSE we saw, most likely; counted as DROP_SOCK_TABLE).  The claim is a
+ * compare-and-swap: NULL if another CPU took that way meanwhile. */
+static __always_inline struct tcpstate_sock *sock_claim(struct tcpstate_sock_set *set,
+                                                        u64 address)
+{
+    struct tcpstate_sock *oldest = &set->way[0];
+    u64 owner;
+
+#pragma unroll
+    for (int i = 0; i < TCPSTATE_SOCK_WAYS; i++) {
+        if (set->way[i].sk == 0 && __sync_val_compare_and_swap(&set->way[i].sk, 0, address) == 0)
+            return &set->way[i];
+        if (set->way[i].entered_ns < oldest->entered_ns)
+            oldest = &set->way[i];
+    }
+    count_drop(DROP_SOCK_TABLE);
+    owner = oldest->sk;
+    if (owner && __sync_val_compare_and_swap(&oldest->sk, owner, address) == owner)
+        return oldest;
+    return NULL;
+}
+
 /* The attach-time self-check: user space connects to CONFIG_SELFCHECK_PORT on loopback from a
  * cgroup it knows; its sockets are recorded here and nowhere else. */
 static __always_inline bool selfcheck_socket(const void *sk, u64 cgroup_id, int newstate)
@@ -348,14 +418,19 @@ static __always_inline bool selfcheck_socket(const void *sk, u64 cgroup_id, int 
 int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
 {
     const void *sk = (const void *)ctx->args[0];
-    u64 sk_key = ctx->args[0];
     int oldstate = (int)ctx->args[1];
     int newstate = (int)ctx->args[2];
+    u32 zero = 0;
+    u32 index;
+    u64 address;
     u64 now_ns;
     u64 cgroup_id;
     u16 port;
+    struct tcpstate_cpu *cpu;
+    struct tcpstate_sock_set *set;
     struct tcpstate_sock *tracked;
-    struct tcpstate_sock fresh = {};
+    struct tcpstate_sock *stale = NULL;
+    bool born;
 
     if (sock_protocol(sk) != IPPROTO_TCP_NUM)
         return 0;
@@ -364,14 +439,27 @@ int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
         return 0;
     if (!cgroup_wanted(cgroup_id))
         return 0;
+    cpu = tcpstate_cpu_state.lookup(&zero);
+    if (!cpu)
+        return 0;
+    address = sock_address(ctx->args[0], cpu);
+    index = sock_set_index(address);
+    set = tcpstate_socks.lookup(&index);
+    if (!set)
+        return 0;
     now_ns = bpf_ktime_get_ns();
     port = port_label(sk);
-    tracked = tcpstate_socks.lookup(&sk_key);
+    tracked = sock_find(set, address);
+    /* Born: an active/listening socket leaving CLOSE, or a passive child (cloned from its
+     * listener, so its first transition reads LISTEN -> SYN_RECV). */
+    born = (oldstate == TCP_CLOSE_STATE && newstate != TCP_LISTEN_STATE) ||
+           (oldstate == TCP_LISTEN_STATE && newstate == TCP_SYN_RECV_STATE);
     /* Entries go at CLOSE, so one found at a birth is a dead socket's (same address, its CLOSE
-     * unseen): without this, its state (e.g. a listener's born_ns = 0) would pass to the new one. */
-    if (tracked && (oldstate == TCP_CLOSE_STATE ||
-                    (oldstate == TCP_LISTEN_STATE && newstate == TCP_SYN_RECV_STATE))) {
+     * unseen): without this, its state (e.g. a listener's born_ns = 0) would pass to the new
+     * one. */
+    if (tracked && (oldstate == TCP_CLOSE_STATE || born)) {
         count_drop(DROP_STALE_SOCKET);
+        stale = tracked;
         tracked = NULL;
     }
 
@@ -386,7 +474,10 @@ int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
     if (newstate == TCP_CLOSE_STATE) {
         if (tracked && tracked->born_ns)
             record(cgroup_id, port, KIND_LIFETIME, 0, 0, now_ns - tracked->born_ns);
-        tcpstate_socks.delete(&sk_key);
+        if (tracked)
+            tracked->sk = 0;
+        if (stale)
+            stale->sk = 0;
         return 0;
     }
     if (newstate == TCP_ESTABLISHED_STATE) {
@@ -409,17 +500,13 @@ int on_inet_sock_set_state(struct bpf_raw_tracepoint_args *ctx)
             tracked->born_ns = 0;
         return 0;
     }
-    fresh.state = (u32)newstate;
-    fresh.entered_ns = now_ns;
-    /* Born: an active/listening socket leaving CLOSE, or a passive child (cloned from its
-     * listener, so its first transition reads LISTEN -> SYN_RECV). */
-    if ((oldstate == TCP_CLOSE_STATE && newstate != TCP_LISTEN_STATE) ||
-        (oldstate == TCP_LISTEN_STATE && newstate == TCP_SYN_RECV_STATE))
-        fresh.born_ns = now_ns;
-    if (newstate == TCP_SYN_SENT_STATE)
-        fresh.syn_sent_ns = now_ns;
-    if (tcpstate_socks.update(&sk_key, &fresh))
-        count_drop(DROP_SOCK_TABLE);
+    tracked = stale ? stale : sock_claim(set, address);
+    if (!tracked)
+        return 0;
+    tracked->state = (u32)newstate;
+    tracked->entered_ns = now_ns;
+    tracked->born_ns = born ? now_ns : 0;
+    tracked->syn_sent_ns = newstate == TCP_SYN_SENT_STATE ? now_ns : 0;
     return 0;
 }
 

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
 from tailsight.hist import NUM_BUCKETS
@@ -51,6 +52,21 @@ MAX_SERIES: Final = 512
 """Series (cgroup, kind, states, port) the probe tells apart (-DTCPSTATE_MAX_SERIES): 8.4 MiB of
 histogram rows shared by all CPUs; a loopback client and server make ~10 series per cgroup."""
 HIST_ROW: Final = NUM_BUCKETS + 1
+SOCK_SET_BITS: Final = 15
+SOCK_WAYS: Final = 4
+"""The socket table: 2^15 sets of 4 (131,072 sockets, 5 MiB), a set picked by a hash of the
+socket's address (-DTCPSTATE_SOCK_SET_BITS, -DTCPSTATE_SOCK_WAYS)."""
+SOCK_ENTRY: Final = np.dtype(
+    [
+        ("sk", "<u8"),
+        ("entered_ns", "<u8"),
+        ("born_ns", "<u8"),
+        ("syn_sent_ns", "<u8"),
+        ("state", "<u4"),
+        ("pad", "<u4"),
+    ]
+)
+"""struct tcpstate_sock."""
 OTHER_PORT: Final = "other"
 RETRANSMITS: Final = "tcp_retransmits"
 RETRANSMIT_FAILURES: Final = "tcp_retransmit_failures"
@@ -183,7 +199,12 @@ class TcpStateProbe:
 
         btf = Btf.load()
         offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
-        cflags = [*offset_cflags(offsets), f"-DTCPSTATE_MAX_SERIES={MAX_SERIES}"]
+        cflags = [
+            *offset_cflags(offsets),
+            f"-DTCPSTATE_MAX_SERIES={MAX_SERIES}",
+            f"-DTCPSTATE_SOCK_SET_BITS={SOCK_SET_BITS}",
+            f"-DTCPSTATE_SOCK_WAYS={SOCK_WAYS}",
+        ]
         if len(btf.tracepoint_args("tcp_retransmit_skb")) >= 3:
             cflags.append("-DTCPSTATE_RETRANSMIT_HAS_ERR")
         if self.port_allow_list:
@@ -311,10 +332,27 @@ class TcpStateProbe:
         return dict(self._attached.prog_fds)
 
     def map_fill(self) -> dict[str, float]:
-        """Fill ratio per hash map (a full map drops events: see the drop counters)."""
+        """Fill ratio per hash map and of the socket table (a full map drops events: see the
+        drop counters)."""
         if self._bpf is None:
             raise RuntimeError("probe not attached")
-        return hash_map_fill(self._bpf)
+        socks = self.tracked_sockets()["sk"]
+        return {
+            **hash_map_fill(self._bpf),
+            "tcpstate_socks": int(np.count_nonzero(socks)) / socks.size,
+        }
+
+    def tracked_sockets(self) -> npt.NDArray[Any]:
+        """The socket table as it is now (read-only view, SOCK_ENTRY by set and way; ``sk`` 0
+        is a free way)."""
+        if self._bpf is None:
+            raise RuntimeError("probe not attached")
+        mapped = self._mapped.get("tcpstate_socks")
+        if mapped is None:
+            shape = (1 << SOCK_SET_BITS, SOCK_WAYS)
+            table = self._bpf[b"tcpstate_socks"]
+            mapped = self._mapped["tcpstate_socks"] = MappedArray(table, SOCK_ENTRY, shape)
+        return mapped.array
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from probe_netns import veth_pair
 
@@ -98,6 +99,22 @@ sock.close()
 sys.stdin.readline()
 """
 
+# Opens `count` connections to itself after "go" and holds them all open at once, then closes
+# every socket: 2 x count sockets in the probe's socket table together.
+HOLDER_CODE = """
+import socket, sys
+sys.stdin.readline()
+count = int(sys.argv[2])
+listener = socket.create_server(("127.0.0.1", 0), backlog=count)
+clients = [socket.create_connection(listener.getsockname()) for _ in range(count)]
+peers = [listener.accept()[0] for _ in range(count)]
+for sock in clients + peers:
+    sock.close()
+listener.close()
+print("closed", flush=True)
+sys.stdin.readline()
+"""
+
 
 def _task(group: str, code: str, *args: object, netns: tuple[str, ...] = ()) -> Task:
     base = python_task(group, code, pipes=True)
@@ -140,10 +157,9 @@ def _evidence(probe: TcpStateProbe, interval: Snapshot, start_ns: int, port: int
     still tracked since the test began, and the kernel's own table of the server port's sockets."""
     drops = {dict(k)["reason"]: n for (name, k), n in interval.counters.items() if name == DROPPED}
     stats = read_program_stats(Path("/proc"), probe.program_fds()["inet_sock_set_state"])
+    socks = probe.tracked_sockets()
     tracked = Counter(
-        state_name(int(entry.state))
-        for _, entry in probe._bpf[b"tcpstate_socks"].items()
-        if entry.entered_ns >= start_ns
+        state_name(int(entry["state"])) for entry in socks[socks["entered_ns"] >= start_ns]
     )
     rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
     kernel = Counter(  # /proc/net/tcp: sl, local, remote (hex ip:port), state (hex)
@@ -290,6 +306,24 @@ def test_connects_are_charged_to_the_connecting_cgroup(probe: TcpStateProbe) -> 
     )
 
 
+@pytest.mark.kernel
+def test_sockets_open_at_once_each_get_their_lifetime(probe: TcpStateProbe) -> None:
+    """The socket table holds many live sockets at once (sets of ways picked by a hash of the
+    address): every one of 2 x 1,009 sockets open together is tracked to its close."""
+    held = 1_009  # prime
+    with Workload([_task("holder", HOLDER_CODE, held)], base=private_base("tcp")) as workload:
+        holder = workload.cgroup_id("holder")
+        before = probe.read()
+        _send(workload, "holder", "go")
+        assert _receive(workload, "holder") == "closed"
+        interval = _settle(probe, before, holder, 2 * held)
+
+    assert _hist(interval, holder, "lifetime").count == 2 * held
+    assert _hist(interval, holder, "connect").count == held
+    drops = {dict(k)["reason"]: n for (name, k), n in interval.counters.items() if name == DROPPED}
+    assert drops["sock_table_full"] == drops["stale_socket"] == 0
+
+
 ESTABLISHED, LISTEN = 1, 10  # include/net/tcp_states.h
 
 
@@ -306,24 +340,26 @@ def test_a_socket_born_over_a_stale_entry_gets_its_own_lifetime(probe: TcpStateP
     must not pass its state to the next socket at that address: the stale entry is forged here
     by writing a listener's state (born unknown) back at a closed socket's address."""
     own = own_cgroup_id()
-    socks = probe._bpf[b"tcpstate_socks"]
+    table = probe._bpf[b"tcpstate_socks"]
     with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
         start_ns = time.monotonic_ns()  # the probe's clock: bpf_ktime_get_ns is CLOCK_MONOTONIC
         client.connect(server.getsockname())
         first_peer = server.accept()[0]
-        ours = [
-            key.value
-            for key, entry in socks.items()
-            if entry.state == ESTABLISHED and entry.syn_sent_ns >= start_ns
-        ]
+        socks = probe.tracked_sockets()
+        ours = np.argwhere((socks["state"] == ESTABLISHED) & (socks["syn_sent_ns"] >= start_ns))
         assert len(ours) == 1, f"{len(ours)} sockets connected here since {start_ns}"
-        _disconnect(client)  # CLOSE (and a reset to the peer): the probe deletes the entry
+        index, way = (int(i) for i in ours[0])
+        address = int(socks[index, way]["sk"])
+        _disconnect(client)  # CLOSE (and a reset to the peer): the probe frees the entry
         first_peer.close()
-        assert ours[0] not in {key.value for key, _ in socks.items()}
-        stale = socks.Leaf()
+        assert address not in socks["sk"]
+        entries = table[table.Key(index)]
+        stale = entries.way[way]
+        stale.sk = address
         stale.state = LISTEN  # a listener's entry: born_ns = 0
         stale.entered_ns = start_ns
-        socks[socks.Key(ours[0])] = stale
+        stale.born_ns = stale.syn_sent_ns = 0
+        table[table.Key(index)] = entries
 
         before = probe.read()
         born_ns = time.monotonic_ns()
