@@ -18,6 +18,9 @@ from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Snapshot
 from tailsight.probes.outliers import OutlierStream, outlier_cflags
 
+HIST_ROW: Final = NUM_BUCKETS + 1
+"""Cells of a histogram row in a probe's array (finite buckets, then overflow; hist.bpf.h)."""
+
 
 class MappedArray:
     """A ``BPF_F_MMAPABLE`` array map as a numpy array: reading is a memory copy, not a

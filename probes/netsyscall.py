@@ -10,9 +10,10 @@ from typing import Final
 
 import numpy as np
 
-from tailsight.hist import NUM_BUCKETS, Histogram
+from tailsight.hist import Histogram
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
+    HIST_ROW,
     BccProbe,
     delete_where,
     release_slots,
@@ -33,7 +34,6 @@ DROP_REASONS: Final = ("thread_collision", "series_full", "error_full")
 MAX_SERIES: Final = 512
 """(cgroup, syscall) series the probe can tell apart: 8.4 MiB of histogram rows shared by all
 CPUs (-DNETSYSCALL_MAX_SERIES)."""
-HIST_ROW: Final = NUM_BUCKETS + 1
 ERRORS: Final = "netsyscall_errors"
 DROPPED: Final = "netsyscall_dropped_events"
 INFO: Final = ProbeInfo(

@@ -11,10 +11,10 @@ from typing import Final
 
 import numpy as np
 
-from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
+    HIST_ROW,
     BccProbe,
     release_slots,
     slot_histograms,
@@ -34,7 +34,6 @@ MAX_SLOTS: Final = 256
 """Cgroups the probe can tell apart (slot 0 is the idle aggressor); memory: 4.2 MiB of
 histogram rows + 1 MiB of victim x aggressor pairs, shared by all CPUs (-DRUNQUEUE_MAX_SLOTS),
 plus 1 MiB of per-task run_delay (65,536 tids, for the waits of tasks moved between CPUs)."""
-HIST_ROW: Final = NUM_BUCKETS + 1
 # Fields of the kernel's own run-queue wait (sched_info_arrive: rq->clock - last_queued).
 SCHED_FIELDS: Final = {
     "SCHED_INFO_LAST_QUEUED_OFF": ("task_struct", "sched_info.last_queued"),

@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
-from tailsight.hist import NUM_BUCKETS
 from tailsight.probes.base import (
     CounterInfo,
     Labels,
@@ -36,6 +35,7 @@ from tailsight.probes.base import (
     labels,
 )
 from tailsight.probes.bccprobe import (
+    HIST_ROW,
     MappedArray,
     delete_where,
     hash_map_fill,
@@ -51,7 +51,6 @@ MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c
 MAX_SERIES: Final = 512
 """Series (cgroup, kind, states, port) the probe tells apart (-DTCPSTATE_MAX_SERIES): 8.4 MiB of
 histogram rows shared by all CPUs; a loopback client and server make ~10 series per cgroup."""
-HIST_ROW: Final = NUM_BUCKETS + 1
 SOCK_SET_BITS: Final = 15
 SOCK_WAYS: Final = 4
 """The socket table: 2^15 sets of 4 (131,072 sockets, 5 MiB), a set picked by a hash of the
