@@ -175,8 +175,7 @@ def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
 
 
 def hash_map_fill(bpf: Any) -> dict[str, float]:
-    """Entries / max entries of each plain hash map the probe has opened (an LRU map evicts
-    instead of filling up, so it is left out)."""
+    """Entries / max entries of each plain hash map the probe has opened."""
     from bcc.table import BPF_MAP_TYPE_HASH
 
     return {
