@@ -145,3 +145,21 @@ def test_detectors_of_series_that_stopped_are_dropped() -> None:
         document.series = [s for s in document.series if s.labels.get("cgroup") != AGGRESSOR]
         verdicts.update(document)
     assert {dict(key)["cgroup"] for key, _ in verdicts._detectors} == {VICTIM}
+
+
+def test_the_statistics_library_loads_when_the_verdicts_start_not_in_an_interval() -> None:
+    """scipy.stats' first import takes ~0.5 s; inside the interval that sets the detectors'
+    first references (the 30th) it held that interval up. A fresh interpreter shows where it
+    loads."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tailsight.collector.verdicts import JumpVerdicts\n"
+        "before = 'scipy.stats' in sys.modules\n"
+        "JumpVerdicts()\n"
+        "print(before, 'scipy.stats' in sys.modules)\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["False", "True"]
