@@ -143,8 +143,13 @@ class NetSyscallProbe(BccProbe):
             counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
         per_cgroup: dict[int, Histogram] = {}
         for (cgroup_id, _), hist in latency.items():
-            before = per_cgroup.get(cgroup_id)
-            per_cgroup[cgroup_id] = hist.copy() if before is None else before.merge(hist)
+            total = per_cgroup.get(cgroup_id)
+            if total is None:
+                per_cgroup[cgroup_id] = hist.copy()
+            else:  # our copy, added to in place: merge validates a new histogram each time
+                total.counts += hist.counts
+                total.overflow += hist.overflow
+                total.sum_ns += hist.sum_ns
         assert self.outliers is not None
         self.outliers.drain()
         self.outliers.update_thresholds(per_cgroup)

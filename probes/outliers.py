@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
@@ -124,6 +125,16 @@ def p99_bucket_upper_bound_ns(hist: Histogram) -> int:
     if index >= NUM_BUCKETS:
         return NO_THRESHOLD_NS
     return int(bucket_upper_bounds_ns()[index])
+
+
+def p99_bucket_upper_bounds_ns(
+    counts: npt.NDArray[np.int64], overflow: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    """``p99_bucket_upper_bound_ns`` of every row of ``counts`` (with its overflow) at once."""
+    totals = counts.sum(axis=1) + overflow
+    reached = np.cumsum(counts, axis=1) >= (OUTLIER_QUANTILE * totals)[:, None]
+    bounds = bucket_upper_bounds_ns().astype(np.uint64)[reached.argmax(axis=1)]
+    return np.where(reached.any(axis=1) & (totals > 0), bounds, np.uint64(NO_THRESHOLD_NS))
 
 
 def top_outlier_stacks(document: HistDocument, limit: int = 5) -> list[OutlierStack]:
@@ -283,13 +294,31 @@ class OutlierStream:
         """Threshold per cgroup = upper bound of the P99 bucket of its samples since the last
         call (kept if fewer than MIN_THRESHOLD_SAMPLES); written to the kernel if changed."""
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
-        for cgroup_id, hist in cumulative.items():
-            before = self._previous.get(cgroup_id)
-            interval = hist if before is None else hist.delta(before)
-            if interval.count < MIN_THRESHOLD_SAMPLES:
+        ids = list(cumulative)
+        if not ids:
+            return dict(self._thresholds)
+        # All cgroups in one numpy pass (a busy host has hundreds): rows now, less rows before.
+        empty = Histogram.empty()
+        before = [self._previous.get(cgroup_id, empty) for cgroup_id in ids]
+        now = np.stack([cumulative[cgroup_id].counts for cgroup_id in ids])
+        counts = now - np.stack([hist.counts for hist in before])
+        overflow = np.array(
+            [cumulative[i].overflow - b.overflow for i, b in zip(ids, before, strict=True)],
+            dtype=np.int64,
+        )
+        if (counts < 0).any() or (overflow < 0).any():
+            raise ValueError("a cumulative histogram went down: counter reset")
+        totals = counts.sum(axis=1) + overflow
+        bounds = p99_bucket_upper_bounds_ns(counts, overflow).tolist()
+        for row, cgroup_id in enumerate(ids):
+            if totals[row] < MIN_THRESHOLD_SAMPLES:
                 continue
-            self._previous[cgroup_id] = hist.copy()
-            threshold_ns = p99_bucket_upper_bound_ns(interval)
+            hist = cumulative[cgroup_id]
+            # A copy: a view would keep this interval's whole block alive.
+            self._previous[cgroup_id] = Histogram._trusted(
+                now[row].copy(), hist.overflow, hist.sum_ns
+            )
+            threshold_ns = bounds[row]
             if self._thresholds.get(cgroup_id) != threshold_ns:
                 try:
                     table[table.Key(cgroup_id)] = table.Leaf(threshold_ns)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tailsight.hist import Histogram, bucket_index
 from tailsight.histfile import Counter, HistDocument
@@ -28,6 +30,7 @@ from tailsight.probes.outliers import (
     fold,
     outlier_cflags,
     p99_bucket_upper_bound_ns,
+    p99_bucket_upper_bounds_ns,
     short_stack,
     top_outlier_stacks,
 )
@@ -85,6 +88,21 @@ def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
     assert p99_bucket_upper_bound_ns(hist) == expected
     assert p99_bucket_upper_bound_ns(Histogram.empty()) == NO_THRESHOLD_NS
     assert p99_bucket_upper_bound_ns(Histogram.from_samples([20 * 10**9] * 5)) == NO_THRESHOLD_NS
+
+
+@given(
+    st.lists(
+        st.lists(st.integers(0, 12 * 10**9), max_size=300).map(Histogram.from_samples),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_block_p99_bounds_are_each_rows_own(hists: list[Histogram]) -> None:
+    counts = np.stack([hist.counts for hist in hists])
+    overflow = np.array([hist.overflow for hist in hists], dtype=np.int64)
+    assert p99_bucket_upper_bounds_ns(counts, overflow).tolist() == [
+        p99_bucket_upper_bound_ns(hist) for hist in hists
+    ]
 
 
 def test_top_outlier_stacks_ranks_counters_of_any_probe() -> None:
