@@ -22,10 +22,10 @@
  *
  * Hot path: every syscall on the machine runs these programs.  A non-socket syscall costs a
  * compare chain on its id (enter) or one load plus the compare chain (exit), no map access.  A
- * call in flight is kept in an array slot indexed and tagged by the caller's syscall frame
- * (frame_slot: no tid, no hash map); a sample goes to a series slot ((cgroup, syscall) -> slot,
- * a per-CPU cache in front of a hash) whose histogram row and exact sum are arrays (the count is
- * the row's sum).
+ * call in flight waits in a way of an array set, picked and tagged by the caller's syscall
+ * frame (start_set: no tid, no hash map); a sample goes to a series slot ((cgroup, syscall) ->
+ * slot, a per-CPU cache in front of a hash) whose histogram row and exact sum are arrays (the
+ * count is the row's sum).
  *
  * Overhead (benchmarks/bench_netsyscall_overhead.py: kernel BPF stats on the loaded 2-vCPU dev
  * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf,
@@ -58,29 +58,28 @@
  *   top outlier stacks: netsyscall /tailsight-test/echo recvfrom, 17 events,
  *     entry_SYSCALL_64_after_hwframe;do_syscall_64;syscall_exit_work | recvfrom
  *
- * Lost samples are counted (netsyscall_dropped_events): a start slot taken over by another
- * thread whose frame hashes to the same slot while the call was in flight, no series slot left,
- * error map full.
+ * Lost samples are counted (netsyscall_dropped_events): a call not timed because every way of
+ * its start set held a call in flight (thread_collision), no series slot left, error map full.
  *
- * Tunables (-D): NETSYSCALL_THREAD_BITS (2^bits start slots), NETSYSCALL_MAX_SERIES (set by
- * netsyscall.py), NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER: record only cgroup ids in
- * netsyscall_cgroup_allow (checked at sys_enter).
+ * Tunables (-D): NETSYSCALL_START_SET_BITS (2^bits sets of calls in flight),
+ * NETSYSCALL_MAX_SERIES (set by netsyscall.py), NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER:
+ * record only cgroup ids in netsyscall_cgroup_allow (checked at sys_enter).
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
 #include "slots.bpf.h"
 #include "task.bpf.h"
 
-#if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(PT_REGS_USER_SP_OFF) || !defined(NR_SENDTO) ||    \
-    !defined(NR_RECVFROM) || !defined(NR_SENDMSG) || !defined(NR_RECVMSG) ||                       \
-    !defined(NR_RECVMMSG) || !defined(NR_SENDMMSG) || !defined(NETSYSCALL_MAX_SERIES)
+#if !defined(PT_REGS_SYSCALL_NR_OFF) || !defined(NR_SENDTO) || !defined(NR_RECVFROM) ||       \
+    !defined(NR_SENDMSG) || !defined(NR_RECVMSG) || !defined(NR_RECVMMSG) ||                   \
+    !defined(NR_SENDMMSG) || !defined(NETSYSCALL_MAX_SERIES)
 #error "compile through tailsight.probes.netsyscall (syscall numbers, pt_regs offset, series)"
 #endif
 
-#ifndef NETSYSCALL_THREAD_BITS
-#define NETSYSCALL_THREAD_BITS 16
+#ifndef NETSYSCALL_START_SET_BITS
+#define NETSYSCALL_START_SET_BITS 14 /* 2^14 sets of NETSYSCALL_START_WAYS calls in flight */
 #endif
-#define NETSYSCALL_MAX_THREADS (1U << NETSYSCALL_THREAD_BITS) /* calls in flight at once */
+#define NETSYSCALL_START_WAYS 4
 #ifndef NETSYSCALL_MAX_ERRORS
 #define NETSYSCALL_MAX_ERRORS 4096
 #endif
@@ -97,13 +96,17 @@
     ((nr) == NR_SENDTO || (nr) == NR_RECVFROM || (nr) == NR_SENDMSG || (nr) == NR_RECVMSG ||    \
      (nr) == NR_RECVMMSG || (nr) == NR_SENDMMSG)
 
-/* The call in flight of the thread whose syscall frame hashes to the index (frame_slot). */
+/* A call in flight, in the set its caller's syscall frame hashes to (start_set). */
 struct netsyscall_start {
-    u64 start_ns;  /* 0: no call in flight */
-    u64 frame;     /* the caller's pt_regs address: whose call this is */
+    u64 frame;     /* the caller's pt_regs address: whose call this is; 0: a free way */
+    u64 start_ns;
     u64 cgroup_id; /* the caller's, read at entry: the exit then calls no helper but the clock */
     u32 nr;
     u32 pad;
+};
+
+struct netsyscall_start_set {
+    struct netsyscall_start way[NETSYSCALL_START_WAYS];
 };
 
 struct netsyscall_series_key {
@@ -120,6 +123,7 @@ struct netsyscall_series_cached {
 
 struct netsyscall_cpu {
     struct netsyscall_series_cached cache[SERIES_CACHE];
+    u64 scratch; /* frame_number */
 };
 
 struct netsyscall_error_key {
@@ -128,7 +132,7 @@ struct netsyscall_error_key {
     u32 errno_value;
 };
 
-BPF_ARRAY(netsyscall_start_ns, struct netsyscall_start, NETSYSCALL_MAX_THREADS);
+BPF_ARRAY(netsyscall_start_ns, struct netsyscall_start_set, 1 << NETSYSCALL_START_SET_BITS);
 /* (cgroup, syscall) -> series slot, and the claim of each slot (never given back). */
 BPF_HASH(netsyscall_slots, struct netsyscall_series_key, u32, NETSYSCALL_MAX_SERIES);
 BPF_HASH(netsyscall_slot_owner, u32, struct netsyscall_series_key, NETSYSCALL_MAX_SERIES);
@@ -174,23 +178,62 @@ static __always_inline void count_outlier_drop(u32 reason)
 #define CALLER_CGROUP_ID() bpf_get_current_cgroup_id()
 #endif
 
-/* The start slot of a call.  Both tracepoints get the caller's pt_regs (its syscall frame, at the
- * top of its kernel stack): one address per thread, the same at enter and exit, and an argument,
- * so it tags the slot (a collision is a counted drop, never a wrong pairing).  The slot is a
- * Fibonacci hash of a number that is the same at enter and exit and rarely equal for two calls
- * in flight at once: on tp_btf the user stack pointer saved in the frame (one direct load: the
- * verifier allows no arithmetic on the frame's typed pointer), on raw tracepoints the frame's
- * address itself (a plain number there; the saved stack pointer would cost a probe read). */
-#ifdef TAILSIGHT_TP_BTF
-#define FRAME_HASHED(frame) kread_u64((const void *)(frame), PT_REGS_USER_SP_OFF)
-#else
-#define FRAME_HASHED(frame) (frame)
-#endif
-
-static __always_inline u32 frame_slot(u64 frame)
+/* Where a call waits for its exit.  Both tracepoints get the caller's pt_regs (its syscall frame,
+ * at the top of its kernel stack): one address per thread, the same at enter and exit, and an
+ * argument, so no helper is called for it (the tid would need the task).  The address tags a
+ * way of a set of NETSYSCALL_START_WAYS, the set picked by a Fibonacci hash of the address /
+ * 16 KiB (stacks lie at least that far apart).  A way is claimed by a compare-and-swap of its
+ * tag at enter and freed at exit, so a way holds one call and a call one way: no wrong pairing.
+ * (The user stack pointer saved in the frame, hashed instead, put forked processes, which share
+ * it, all in one set.) */
+static __always_inline u64 frame_number(u64 frame_arg)
 {
-    return (u32)(((FRAME_HASHED(frame) >> 12) * 11400714819323198485ull) >>
-                 (64 - NETSYSCALL_THREAD_BITS));
+#ifdef TAILSIGHT_TP_BTF
+    /* A typed pointer here, on which the verifier allows no arithmetic: a store into this CPU's
+     * scratch slot and a load back hand it over as a plain value. */
+    u32 zero = 0;
+    struct netsyscall_cpu *cpu = netsyscall_cpu_state.lookup(&zero);
+
+    if (!cpu)
+        return 0;
+    *(volatile u64 *)&cpu->scratch = frame_arg;
+    return *(volatile u64 *)&cpu->scratch;
+#else
+    return frame_arg;
+#endif
+}
+
+static __always_inline struct netsyscall_start_set *start_set(u64 frame)
+{
+    u32 index =
+        (u32)(((frame >> 14) * 11400714819323198485ull) >> (64 - NETSYSCALL_START_SET_BITS));
+
+    return netsyscall_start_ns.lookup(&index);
+}
+
+/* A free way for this call (its tag claimed), or NULL: every way holds a call in flight. */
+static __always_inline struct netsyscall_start *start_claim(struct netsyscall_start_set *set,
+                                                            u64 frame)
+{
+#pragma unroll
+    for (int i = 0; i < NETSYSCALL_START_WAYS; i++) {
+        if (set->way[i].frame == 0 &&
+            __sync_val_compare_and_swap(&set->way[i].frame, 0, frame) == 0)
+            return &set->way[i];
+    }
+    return NULL;
+}
+
+/* This call's way (NULL: entered before we attached, filtered out, or not timed). */
+static __always_inline struct netsyscall_start *start_find(struct netsyscall_start_set *set,
+                                                           u64 frame)
+{
+#pragma unroll
+    for (int i = 0; i < NETSYSCALL_START_WAYS; i++) {
+        if (set->way[i].frame == frame)
+            return &set->way[i];
+    }
+    return NULL;
 }
 
 /* Sends an outlier with the stacks of current, the caller still in its syscall. */
@@ -273,10 +316,10 @@ static __always_inline s32 series_slot(u64 cgroup_id, u32 nr)
 
 int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 {
-    u64 frame = ctx->args[0];
     long nr = (long)ctx->args[1];
     u64 cgroup_id;
-    u32 index;
+    u64 frame;
+    struct netsyscall_start_set *set;
     struct netsyscall_start *in_flight;
 
     if (!IS_NET_SYSCALL(nr))
@@ -286,12 +329,15 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
     if (!netsyscall_cgroup_allow.lookup(&cgroup_id))
         return 0;
 #endif
-    index = frame_slot(frame);
-    in_flight = netsyscall_start_ns.lookup(&index);
-    if (!in_flight)
+    frame = frame_number(ctx->args[0]);
+    set = start_set(frame);
+    if (!set || !frame)
         return 0;
-    /* A colliding thread's call still in flight is overwritten: counted when that one exits. */
-    in_flight->frame = frame;
+    in_flight = start_claim(set, frame);
+    if (!in_flight) {
+        count_drop(DROP_THREAD_COLLISION); /* this call is not timed */
+        return 0;
+    }
     in_flight->cgroup_id = cgroup_id;
     in_flight->nr = (u32)nr;
     in_flight->start_ns = bpf_ktime_get_ns();
@@ -301,37 +347,37 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
     /* The low 32 bits of orig_ax (-1 outside a syscall: never a socket syscall number). */
-    u64 frame = ctx->args[0];
-    u32 nr = kread_u32((const void *)frame, PT_REGS_SYSCALL_NR_OFF);
+    u32 nr = kread_u32((const void *)ctx->args[0], PT_REGS_SYSCALL_NR_OFF);
     long ret = (long)ctx->args[1];
+    u64 frame;
     u64 start_ns;
     u64 duration_ns;
     u64 cgroup_id;
     u64 zero = 0;
     u64 *bucket_count;
     u64 *errors;
-    u32 index;
     u32 cell;
     u32 row;
     s32 slot;
+    struct netsyscall_start_set *set;
     struct netsyscall_start *in_flight;
     struct netsyscall_error_key error = {};
     u64 *sum_ns;
 
     if (!IS_NET_SYSCALL(nr))
         return 0;
-    index = frame_slot(frame);
-    in_flight = netsyscall_start_ns.lookup(&index);
-    if (!in_flight || in_flight->start_ns == 0)
-        return 0; /* entered before we attached, or filtered out at sys_enter */
-    if (in_flight->frame != frame) {
-        count_drop(DROP_THREAD_COLLISION); /* our start was overwritten by a colliding thread */
+    frame = frame_number(ctx->args[0]);
+    set = start_set(frame);
+    if (!set || !frame)
         return 0;
-    }
+    in_flight = start_find(set, frame);
+    if (!in_flight)
+        return 0; /* entered before we attached, filtered out or not timed at sys_enter */
     start_ns = in_flight->start_ns;
     nr = in_flight->nr; /* as seen at entry, where the id is an argument */
     cgroup_id = in_flight->cgroup_id;
-    in_flight->start_ns = 0;
+    asm volatile("" ::: "memory"); /* read before the way is given back */
+    in_flight->frame = 0;
     duration_ns = bpf_ktime_get_ns() - start_ns;
     slot = series_slot(cgroup_id, nr);
     if (slot < 0) {

@@ -26,7 +26,7 @@ from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_RATE_PER_S,
     outlier_counters,
 )
-from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field, user_sp_field
+from tailsight.probes.syscalls import net_syscall_numbers, syscall_nr_field
 
 PROBE_NAME: Final = "netsyscall"
 # Index i of the kernel's netsyscall_dropped_events array (DROP_* in netsyscall.bpf.c).
@@ -83,22 +83,14 @@ class NetSyscallProbe(BccProbe):
         self._names = {number: name for name, number in self.numbers.items()}
 
     def extra_cflags(self) -> list[str]:
-        """Syscall numbers of this architecture and the BTF offsets of the pt_regs members
-        holding the syscall number (read at sys_exit) and the user stack pointer (a call's
-        start slot on tp_btf)."""
+        """Syscall numbers of this architecture and the BTF offset of the pt_regs member
+        holding the syscall number (read at sys_exit)."""
         from tailsight.probes.offsets import OffsetCheckError, resolve_offsets
 
         field = syscall_nr_field()
-        offsets = resolve_offsets(
-            fields={
-                "PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field),
-                "PT_REGS_USER_SP_OFF": ("pt_regs", user_sp_field()),
-            }
-        )
+        offsets = resolve_offsets(fields={"PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field)})
         if offsets["PT_REGS_SYSCALL_NR_OFF"] % 4:
             raise OffsetCheckError(f"pt_regs.{field} is not 4-byte aligned")
-        if offsets["PT_REGS_USER_SP_OFF"] % 8:
-            raise OffsetCheckError(f"pt_regs.{user_sp_field()} is not 8-byte aligned")
         flags = [f"-D{macro}={value}" for macro, value in offsets.items()]
         flags += [f"-DNR_{name.upper()}={number}" for name, number in self.numbers.items()]
         return [*flags, f"-DNETSYSCALL_MAX_SERIES={MAX_SERIES}"]

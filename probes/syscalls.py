@@ -5,7 +5,6 @@ asm-generic/unistd.h on aarch64)."""
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
 from typing import Final
 
 NET_SYSCALLS: Final = ("sendto", "recvfrom", "sendmsg", "recvmsg", "recvmmsg", "sendmmsg")
@@ -31,8 +30,6 @@ SYSCALL_NUMBERS: Final[dict[str, dict[str, int]]] = {
 
 # The syscall number as the kernel keeps it for the whole call (syscall_get_nr()).
 PT_REGS_SYSCALL_NR_FIELD: Final = {"x86_64": "orig_ax", "aarch64": "syscallno"}
-# The caller's user stack pointer, saved at entry and the same at exit (netsyscall's start slot).
-PT_REGS_USER_SP_FIELD: Final = {"x86_64": "sp", "aarch64": "sp"}
 
 
 class UnsupportedArchitecture(RuntimeError):
@@ -52,17 +49,8 @@ def net_syscall_numbers(machine: str | None = None) -> dict[str, int]:
 
 def syscall_nr_field(machine: str | None = None) -> str:
     """The ``struct pt_regs`` member holding the syscall number on ``machine``."""
-    return _pt_regs_field(PT_REGS_SYSCALL_NR_FIELD, "syscall", machine)
-
-
-def user_sp_field(machine: str | None = None) -> str:
-    """The ``struct pt_regs`` member holding the caller's user stack pointer on ``machine``."""
-    return _pt_regs_field(PT_REGS_USER_SP_FIELD, "stack pointer", machine)
-
-
-def _pt_regs_field(fields: Mapping[str, str], what: str, machine: str | None) -> str:
     machine = machine or platform.machine()
     try:
-        return fields[machine]
+        return PT_REGS_SYSCALL_NR_FIELD[machine]
     except KeyError:
-        raise UnsupportedArchitecture(f"no pt_regs {what} field known for {machine!r}") from None
+        raise UnsupportedArchitecture(f"no pt_regs syscall field known for {machine!r}") from None
