@@ -31,9 +31,9 @@
  * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf,
  * 6 Dec, three rounds interleaved with the tid-slot version before it:
  *   getpid loop (not traced): sys_enter and sys_exit 1.02x (+1 ns)
- *   UDP sendto (traced):      sys_enter +81..90 ns (2.58-2.69x), sys_exit +63..70 ns
- *                             (2.19-2.25x); both together +144..160 ns per call, against
- *                             +162..170 ns (2.52-2.57x, 2.57-2.71x) with the tid slots.
+ *   UDP sendto (traced):      sys_enter +86..87 ns (2.65-2.71x), sys_exit +60..65 ns
+ *                             (2.12-2.22x); both together +145..152 ns per call, against
+ *                             +152..167 ns (2.47-2.59x, 2.52-2.73x) with the tid slots.
  * The floor here: one clock read per program (~60-65 ns) and one read of the caller's cgroup
  * (helper + four dependent loads, ~20 ns) in one of them; with empty programs at ~51 ns, both
  * cannot be under 2.5x.  (Reading the cgroup at sys_exit instead: 2.2-2.3x at enter,
