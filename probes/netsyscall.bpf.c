@@ -188,19 +188,10 @@ static __always_inline void count_outlier_drop(u32 reason)
  * it, all in one set.) */
 static __always_inline u64 frame_number(u64 frame_arg)
 {
-#ifdef TAILSIGHT_TP_BTF
-    /* A typed pointer here, on which the verifier allows no arithmetic: a store into this CPU's
-     * scratch slot and a load back hand it over as a plain value. */
     u32 zero = 0;
     struct netsyscall_cpu *cpu = netsyscall_cpu_state.lookup(&zero);
 
-    if (!cpu)
-        return 0;
-    *(volatile u64 *)&cpu->scratch = frame_arg;
-    return *(volatile u64 *)&cpu->scratch;
-#else
-    return frame_arg;
-#endif
+    return cpu ? pointer_number(frame_arg, &cpu->scratch) : 0;
 }
 
 static __always_inline struct netsyscall_start_set *start_set(u64 frame)

@@ -138,10 +138,8 @@ class NetSyscallProbe(BccProbe):
             total = per_cgroup.get(cgroup_id)
             if total is None:
                 per_cgroup[cgroup_id] = hist.copy()
-            else:  # our copy, added to in place: merge validates a new histogram each time
-                total.counts += hist.counts
-                total.overflow += hist.overflow
-                total.sum_ns += hist.sum_ns
+            else:
+                total.add(hist)
         assert self.outliers is not None
         self.outliers.drain()
         self.outliers.update_thresholds(per_cgroup)

@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
+from tailsight.hist import Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels
 from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
@@ -115,23 +115,11 @@ def short_stack(folded: str, frames: int = 3) -> str:
     return "…;" + ";".join(parts[-frames:])
 
 
-def p99_bucket_upper_bound_ns(hist: Histogram) -> int:
-    """Upper bound of the bucket holding the P99 rank (``NO_THRESHOLD_NS`` if it overflows)."""
-    total = hist.count
-    if total == 0:
-        return NO_THRESHOLD_NS
-    cumulative = np.cumsum(hist.counts)
-    index = int(np.searchsorted(cumulative, OUTLIER_QUANTILE * total, side="left"))
-    if index >= NUM_BUCKETS:
-        return NO_THRESHOLD_NS
-    return int(bucket_upper_bounds_ns()[index])
-
-
 def p99_bucket_upper_bounds_ns(
-    counts: npt.NDArray[np.int64], overflow: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint64]:
-    """``p99_bucket_upper_bound_ns`` of every row of ``counts`` (with its overflow) at once."""
-    totals = counts.sum(axis=1) + overflow
+    """Per row of ``counts``: the upper bound of the bucket holding the P99 rank of ``totals``
+    samples (the row's sum plus its overflow), ``NO_THRESHOLD_NS`` if that rank overflows."""
     reached = np.cumsum(counts, axis=1) >= (OUTLIER_QUANTILE * totals)[:, None]
     bounds = bucket_upper_bounds_ns().astype(np.uint64)[reached.argmax(axis=1)]
     return np.where(reached.any(axis=1) & (totals > 0), bounds, np.uint64(NO_THRESHOLD_NS))
@@ -309,7 +297,7 @@ class OutlierStream:
         if (counts < 0).any() or (overflow < 0).any():
             raise ValueError("a cumulative histogram went down: counter reset")
         totals = counts.sum(axis=1) + overflow
-        bounds = p99_bucket_upper_bounds_ns(counts, overflow).tolist()
+        bounds = p99_bucket_upper_bounds_ns(counts, totals).tolist()
         for row, cgroup_id in enumerate(ids):
             if totals[row] < MIN_THRESHOLD_SAMPLES:
                 continue

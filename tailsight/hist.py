@@ -181,6 +181,13 @@ class Histogram:
         else:
             raise ValueError(f"bucket index {index} outside [0, {NUM_BUCKETS}]")
 
+    def add(self, other: Histogram) -> None:
+        """Add ``other`` into this histogram in place (a running total: ``merge`` would validate
+        a new histogram for every addend)."""
+        self.counts += other.counts
+        self.overflow += other.overflow
+        self.sum_ns += other.sum_ns
+
     # -- exact arithmetic -------------------------------------------------------------------
 
     @property

@@ -295,6 +295,16 @@ def test_merge_equals_histogram_of_concatenation(xs: list[int], ys: list[int]) -
     )
 
 
+@relaxed
+@given(any_samples, any_samples)
+def test_add_in_place_equals_histogram_of_concatenation(xs: list[int], ys: list[int]) -> None:
+    total = Histogram.from_samples(xs)
+    addend = Histogram.from_samples(ys)
+    total.add(addend)
+    assert total == Histogram.from_samples(xs + ys)
+    assert addend == Histogram.from_samples(ys)
+
+
 def test_delta_rejects_counter_reset() -> None:
     earlier = Histogram.from_samples([1, 6_000, 6_000])
     later = Histogram.from_samples([1, 6_000, 20_000])  # bucket 1 went from 2 to 1

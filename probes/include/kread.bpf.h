@@ -28,6 +28,19 @@ KREAD_DEFINE(kread_u64, u64)
 KREAD_DEFINE(kread_u32, u32)
 KREAD_DEFINE(kread_u16, u16)
 
+/* A pointer argument as a number, to hash or compare.  On tp_btf it is a typed pointer, on which
+ * the verifier allows no arithmetic: a store into a scratch slot of a map value (the caller's
+ * per-CPU one) and a load back hand it over as a plain value.  On raw tracepoints it is one. */
+static __always_inline u64 pointer_number(u64 arg, u64 *scratch)
+{
+#ifdef TAILSIGHT_TP_BTF
+    *(volatile u64 *)scratch = arg;
+    return *(volatile u64 *)scratch;
+#else
+    return arg;
+#endif
+}
+
 /* A pointer member (0 if the read fails). */
 static __always_inline const void *kread_ptr(const void *base, unsigned long offset)
 {

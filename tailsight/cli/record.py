@@ -140,28 +140,27 @@ def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:
     """Per series: overall quantiles, the worst interval's P99, and counts and quantiles of every
     interval where it had observations. Streams: memory grows with series, not intervals."""
     from tailsight.hist import Histogram
+    from tailsight.histfile import LabelKey, key_of
 
     intervals = 0
     start_ns = end_ns = None
-    totals: dict[tuple[tuple[str, str], ...], Histogram] = {}
-    rows: dict[tuple[tuple[str, str], ...], list[tuple[int, int, list[float]]]] = {}
-    counter_totals: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    totals: dict[LabelKey, Histogram] = {}
+    rows: dict[LabelKey, list[tuple[int, int, list[float]]]] = {}
+    counter_totals: dict[tuple[str, LabelKey], int] = {}
     for doc in documents:
         intervals += 1
         start_ns = doc.start_ns if start_ns is None else min(start_ns, doc.start_ns)
         end_ns = doc.end_ns if end_ns is None else max(end_ns, doc.end_ns)
         for series in doc.series:
-            key = tuple(sorted(series.labels.items()))
+            key = key_of(series)
             total = totals.get(key)
             if total is None:
                 total = totals[key] = Histogram.empty()
-            total.counts += series.hist.counts
-            total.overflow += series.hist.overflow
-            total.sum_ns += series.hist.sum_ns
+            total.add(series.hist)
             quantiles = series.hist.quantiles(SHOW_QUANTILES)
             rows.setdefault(key, []).append((doc.end_ns, series.hist.count, quantiles))
         for counter in doc.counters:
-            counter_key = (counter.name, tuple(sorted(counter.labels.items())))
+            counter_key = (counter.name, key_of(counter))
             counter_totals[counter_key] = counter_totals.get(counter_key, 0) + counter.value
     summary: dict[str, Any] = {
         "intervals": intervals,

@@ -19,17 +19,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailsight.hist import Histogram, bucket_index
+from tailsight.hist import Histogram, bucket_index, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     LOST_STACK,
     NO_THRESHOLD_NS,
+    OUTLIER_QUANTILE,
     OutlierEvent,
     OutlierStream,
     fold,
     outlier_cflags,
-    p99_bucket_upper_bound_ns,
     p99_bucket_upper_bounds_ns,
     short_stack,
     top_outlier_stacks,
@@ -78,6 +78,24 @@ def test_short_stack_keeps_the_leaf_end() -> None:
     assert short_stack("") == "-"
 
 
+def p99_bucket_upper_bound_ns(hist: Histogram) -> int:
+    """The naive reference: the P99 rank's bucket found by walking one histogram's counts; its
+    upper bound from the histogram model (tested in tests/test_hist.py)."""
+    rank = OUTLIER_QUANTILE * hist.count
+    seen = 0
+    for index, count in enumerate(hist.counts.tolist()):
+        seen += count
+        if hist.count and seen >= rank:
+            return int(bucket_upper_bounds_ns()[index])
+    return NO_THRESHOLD_NS
+
+
+def block_bounds(hists: list[Histogram]) -> list[int]:
+    counts = np.stack([hist.counts for hist in hists])
+    totals = np.array([hist.count for hist in hists], dtype=np.int64)
+    return [int(bound) for bound in p99_bucket_upper_bounds_ns(counts, totals)]
+
+
 def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
     rng = np.random.default_rng(7)
     values = rng.integers(1, 3_000_000, size=1_000)
@@ -85,9 +103,13 @@ def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
     # the 990th smallest value (rank ceil(0.99 n)) lies in the P99 bucket: its upper bound
     p99_value = int(np.sort(values)[989])
     expected = 5_000 * (bucket_index(p99_value) + 1)
+    overflowing = Histogram.from_samples([20 * 10**9] * 5)
+    assert block_bounds([hist, Histogram.empty(), overflowing]) == [
+        expected,
+        NO_THRESHOLD_NS,
+        NO_THRESHOLD_NS,
+    ]
     assert p99_bucket_upper_bound_ns(hist) == expected
-    assert p99_bucket_upper_bound_ns(Histogram.empty()) == NO_THRESHOLD_NS
-    assert p99_bucket_upper_bound_ns(Histogram.from_samples([20 * 10**9] * 5)) == NO_THRESHOLD_NS
 
 
 @given(
@@ -98,11 +120,7 @@ def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
     )
 )
 def test_the_block_p99_bounds_are_each_rows_own(hists: list[Histogram]) -> None:
-    counts = np.stack([hist.counts for hist in hists])
-    overflow = np.array([hist.overflow for hist in hists], dtype=np.int64)
-    assert p99_bucket_upper_bounds_ns(counts, overflow).tolist() == [
-        p99_bucket_upper_bound_ns(hist) for hist in hists
-    ]
+    assert block_bounds(hists) == [p99_bucket_upper_bound_ns(hist) for hist in hists]
 
 
 def test_top_outlier_stacks_ranks_counters_of_any_probe() -> None:

@@ -110,8 +110,9 @@ clients = [socket.create_connection(listener.getsockname()) for _ in range(count
 peers = [listener.accept()[0] for _ in range(count)]
 for sock in clients + peers:
     sock.close()
+port = listener.getsockname()[1]
 listener.close()
-print("closed", flush=True)
+print("closed", port, flush=True)
 sys.stdin.readline()
 """
 
@@ -149,6 +150,23 @@ def _settle(probe: TcpStateProbe, before: Snapshot, cgroup_id: int, count: int) 
         if _hist(interval, cgroup_id, "lifetime").count >= count or time.monotonic() > deadline:
             return interval
         time.sleep(0.05)
+
+
+def _missed_runs(probe: TcpStateProbe) -> int:
+    """Transitions the kernel did not run the program for (its recursion guard): a softirq that
+    interrupts the program on a CPU runs its own transitions, a whole burst of them on a loaded
+    loopback, while the program is still active there; those are skipped, and counted."""
+    stats = read_program_stats(Path("/proc"), probe.program_fds()["inet_sock_set_state"])
+    assert stats is not None
+    return stats.missed_runs
+
+
+def _assert_counted(count: int, expected: int, missed: int, evidence: str) -> None:
+    """Exact when the kernel skipped no run; else each skipped run loses at most one sample."""
+    if missed == 0:
+        assert count == expected, evidence
+    else:
+        assert expected - missed <= count <= expected, f"{missed} runs skipped; {evidence}"
 
 
 def _evidence(probe: TcpStateProbe, interval: Snapshot, start_ns: int, port: int) -> str:
@@ -266,44 +284,45 @@ def test_connects_are_charged_to_the_connecting_cgroup(probe: TcpStateProbe) -> 
     with Workload(tasks, base=private_base("tcp")) as workload:
         client, server = workload.cgroup_id("client"), workload.cgroup_id("server")
         start_ns = time.monotonic_ns()
-        before = probe.read()
+        before, missed_before = probe.read(), _missed_runs(probe)
         _send(workload, "server", "go")
         port = int(_receive(workload, "server"))
         _send(workload, "client", f"go {port}")
         durations_ns = json.loads(_receive(workload, "client"))
         assert _receive(workload, "server") == "served"
         interval = _settle(probe, before, client, CONNECTS)
+        missed = _missed_runs(probe) - missed_before
 
     handshakes = _hist(
         interval, client, "time_in_state", from_state="SYN_SENT", to_state="ESTABLISHED"
     )
     connects = _hist(interval, client, "connect")
     lifetimes = _hist(interval, client, "lifetime")
-    assert (handshakes.count, connects.count, lifetimes.count) == (CONNECTS,) * 3, _evidence(
-        probe, interval, start_ns, port
-    )
-    # Every kernel connect sample lies inside the connect() call the client timed around it.
-    assert connects.sum_ns <= sum(durations_ns)
-    assert max(i for i, n in connects.sparse_buckets()) <= bucket_index(max(durations_ns))
-    assert connects == handshakes
-    # A socket's states tile its life: time in all states adds up to its lifetime exactly.
-    time_in_states_ns = sum(
-        hist.sum_ns
-        for key, hist in interval.histograms.items()
-        if dict(key)["cgroup"] == client and dict(key)["kind"] == "time_in_state"
-    )
-    assert time_in_states_ns == lifetimes.sum_ns
-    # The server's accepted sockets (handshake completed by the client's ACK, i.e. in the
-    # client's context) are charged to the listener's cgroup, not to whoever was current.
     passive = _hist(
         interval, server, "time_in_state", from_state="SYN_RECV", to_state="ESTABLISHED"
     )
-    assert passive.count == CONNECTS
+    evidence = _evidence(probe, interval, start_ns, port)
+    for hist in (handshakes, connects, lifetimes, passive):
+        _assert_counted(hist.count, CONNECTS, missed, evidence)
+    # Every kernel connect sample lies inside the connect() call the client timed around it.
+    assert connects.sum_ns <= sum(durations_ns)
+    assert max(i for i, n in connects.sparse_buckets()) <= bucket_index(max(durations_ns))
+    # The server's accepted sockets (handshake completed by the client's ACK, i.e. in the
+    # client's context) are charged to the listener's cgroup, not to whoever was current.
     assert _hist(interval, server, "connect").count == 0
     assert not any(
         dict(key).get("from_state") == "SYN_RECV" and dict(key)["cgroup"] == client
         for key in interval.histograms
     )
+    if missed == 0:  # a skipped transition leaves a gap in its socket's states
+        assert connects == handshakes
+        # A socket's states tile its life: time in all states adds up to its lifetime exactly.
+        time_in_states_ns = sum(
+            hist.sum_ns
+            for key, hist in interval.histograms.items()
+            if dict(key)["cgroup"] == client and dict(key)["kind"] == "time_in_state"
+        )
+        assert time_in_states_ns == lifetimes.sum_ns
 
 
 @pytest.mark.kernel
@@ -313,13 +332,17 @@ def test_sockets_open_at_once_each_get_their_lifetime(probe: TcpStateProbe) -> N
     held = 1_009  # prime
     with Workload([_task("holder", HOLDER_CODE, held)], base=private_base("tcp")) as workload:
         holder = workload.cgroup_id("holder")
-        before = probe.read()
+        before, missed_before = probe.read(), _missed_runs(probe)
+        start_ns = time.monotonic_ns()
         _send(workload, "holder", "go")
-        assert _receive(workload, "holder") == "closed"
+        said, port = _receive(workload, "holder").split()
+        assert said == "closed"
         interval = _settle(probe, before, holder, 2 * held)
+        evidence = _evidence(probe, interval, start_ns, int(port))
+        missed = _missed_runs(probe) - missed_before
 
-    assert _hist(interval, holder, "lifetime").count == 2 * held
-    assert _hist(interval, holder, "connect").count == held
+    _assert_counted(_hist(interval, holder, "lifetime").count, 2 * held, missed, evidence)
+    _assert_counted(_hist(interval, holder, "connect").count, held, missed, evidence)
     drops = {dict(k)["reason"]: n for (name, k), n in interval.counters.items() if name == DROPPED}
     assert drops["sock_table_full"] == drops["stale_socket"] == 0
 
