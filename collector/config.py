@@ -55,6 +55,9 @@ class CollectorConfig:
     kubelet_token_file: Path | None = None
     kubelet_ca_file: Path | None = None
     kubelet_insecure_tls: bool = False
+    # serve --bpf-stats: hold the kernel's BPF run-time stats on (every BPF program on the host
+    # then pays two clock reads per run), to export each program's runs and time.
+    bpf_stats: bool = False
     proc_root: Path = field(default=Path("/proc"))
 
     def __post_init__(self) -> None:

@@ -596,12 +596,12 @@ class PrometheusExporter:
         runs = Family(
             "tailsight_bpf_program_runs",
             "counter",
-            "Times the kernel ran the program (kernel BPF stats).",
+            "Times the kernel ran the program (kernel BPF stats: serve --bpf-stats).",
         )
         run_time = Family(
             "tailsight_bpf_program_run_time_seconds",
             "counter",
-            "Time the kernel spent in the program (kernel BPF stats).",
+            "Time the kernel spent in the program (kernel BPF stats: serve --bpf-stats).",
         )
         missed = Family(
             "tailsight_bpf_program_missed_runs",
@@ -626,8 +626,9 @@ class PrometheusExporter:
                 stats = read_program_stats(self.config.proc_root, fd)
                 if stats is not None:
                     program_labels = (("probe", probe), ("program", program))
-                    run_time.add(program_labels, stats.run_time_ns / 1e9)
-                    runs.add(program_labels, stats.run_cnt)
+                    if self.bpf_stats_enabled:  # else the kernel does not count them
+                        run_time.add(program_labels, stats.run_time_ns / 1e9)
+                        runs.add(program_labels, stats.run_cnt)
                     missed.add(program_labels, stats.missed_runs)
             if status.map_fill is not None:
                 try:
@@ -643,7 +644,7 @@ class PrometheusExporter:
             (
                 "tailsight_bpf_stats_enabled",
                 "gauge",
-                "Whether kernel BPF run-time stats are held on.",
+                "Whether this agent holds the kernel's BPF run-time stats on (--bpf-stats).",
                 self.bpf_stats_enabled,
             ),
             ("tailsight_intervals", "counter", "Intervals exported.", self.intervals),

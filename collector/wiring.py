@@ -187,12 +187,13 @@ def serve(
     assert agent.exporter is not None
     with contextlib.ExitStack() as stack:
         stack.callback(agent.close)
-        try:
-            mechanism = stack.enter_context(enable_bpf_stats(config.proc_root))
-            agent.exporter.bpf_stats_enabled = True
-            log(f"BPF run-time stats on ({mechanism})")
-        except OSError as error:
-            log(f"BPF run-time stats unavailable: {error}")
+        if config.bpf_stats:
+            try:
+                mechanism = stack.enter_context(enable_bpf_stats(config.proc_root))
+                agent.exporter.bpf_stats_enabled = True
+                log(f"BPF run-time stats on ({mechanism})")
+            except OSError as error:
+                log(f"BPF run-time stats unavailable: {error}")
         agent.start()
         if not agent.attached:
             log(NOTHING_ATTACHED)

@@ -117,14 +117,19 @@ def _agent_cost(board: dash.Dashboard) -> dash.Dashboard:
             timeseries_panel(
                 "BPF time per event",
                 [query(per_event, "{{probe}}")],
-                description="Kernel BPF stats: run time / runs of the probe's programs.",
+                description=(
+                    "Kernel BPF stats: run time / runs of the probe's programs (only with "
+                    "serve --bpf-stats, which costs every BPF program two clock reads per run)."
+                ),
             )
         )
         .with_panel(
             timeseries_panel(
                 "BPF CPU use (s per s)",
                 [query(rate(m.BPF_RUN_TIME, ["probe", "program"]), "{{probe}} {{program}}")],
-                description="Seconds of kernel time per second spent in each program.",
+                description=(
+                    "Seconds of kernel time per second spent in each program (serve --bpf-stats)."
+                ),
                 stacked=True,
             )
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import json
 import os
 import re
 import signal
@@ -243,7 +244,7 @@ def test_serve_sigterm_detaches_and_flushes(kernel_ready: None, tmp_path: Path) 
     record_dir = tmp_path / "rec"
     command = [str(Path(sys.executable).with_name("tailsight"))]
     argv = ["serve", "--probe", "runqueue", "--listen", f"127.0.0.1:{port}"]
-    argv += ["--record", str(record_dir), "--interval", "0.5"]
+    argv += ["--record", str(record_dir), "--interval", "0.5", "--bpf-stats"]
     proc = subprocess.Popen([*command, *argv], stderr=subprocess.PIPE, text=True)
     try:
         body = ""
@@ -258,6 +259,7 @@ def test_serve_sigterm_detaches_and_flushes(kernel_ready: None, tmp_path: Path) 
         # this kernel has tp_btf (probes fall back to raw_tp only where it is missing)
         assert 'tailsight_probe_attached{probe="runqueue",reason="",mode="tp_btf"} 1.0' in body
         assert "tailsight_bpf_stats_enabled 1.0" in body
+        assert kernel_counted_runs("on_sched_switch") > 0
         time.sleep(0.8)
         signalled_ns = time.time_ns()
         proc.send_signal(signal.SIGTERM)
@@ -405,6 +407,15 @@ def test_full_disk_stops_recording_not_serving(
     assert 3 <= len(kept) <= ticks - 4  # what was written before the disk filled still reads
 
 
+def kernel_counted_runs(program_name: str) -> int:
+    """Runs the kernel counted for loaded programs of this name (bpftool; 0 with stats off)."""
+    shown = subprocess.run(
+        ["bpftool", "-j", "prog", "show"], check=True, capture_output=True, text=True
+    ).stdout
+    programs = json.loads(shown)
+    return sum(int(prog.get("run_cnt", 0)) for prog in programs if prog.get("name") == program_name)
+
+
 def serve_process(argv: list[str]) -> subprocess.Popen[str]:
     command = [str(Path(sys.executable).with_name("tailsight")), "serve", *argv]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
@@ -460,7 +471,11 @@ def test_serve_tls_hostile_clients_sigterm_detaches_in_3s(
     proc = serve_process([*argv, "--tls-cert", str(cert), "--tls-key", str(key)])
     hostile: list[socket.socket] = []
     try:
-        wait_for_body(proc, url, "tailsight_runqueue_wait_seconds_count", context)
+        body = wait_for_body(proc, url, "tailsight_runqueue_wait_seconds_count", context)
+        # Without --bpf-stats the host's BPF programs are not timed: the kernel counts no runs.
+        assert "tailsight_bpf_stats_enabled 0.0" in body
+        assert not re.search(r"^tailsight_bpf_program_runs_total\{", body, re.M)
+        assert kernel_counted_runs("on_sched_switch") == 0
         for n in range(30):
             sock = socket.create_connection(("127.0.0.1", port))
             if n % 3 == 1:

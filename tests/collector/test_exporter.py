@@ -280,20 +280,26 @@ def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
         "pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n"
         "recursion_misses:\t3\nverified_insns:\t571\n"
     )
-    exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
-    exporter.probes = {
+    probes = {
         "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}, mode="tp_btf"),
         "tcpstate": ProbeStatus(False, reason="AttachError: inet_sock_set_state: EPERM"),
     }
+    runs = ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=sched_switch")
+    missed = ("tailsight_bpf_program_missed_runs_total", "probe=runqueue", "program=sched_switch")
+    # Without --bpf-stats the kernel counts no runs: only the missed ones are exported.
+    without_stats = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
+    without_stats.probes = probes
+    samples = scrape(without_stats)
+    assert runs not in samples
+    assert samples[missed] == 3
+    exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
+    exporter.probes = probes
+    exporter.bpf_stats_enabled = True
     samples = scrape(exporter)
-    assert (
-        samples[("tailsight_bpf_program_runs_total", "probe=runqueue", "program=sched_switch")]
-        == 4242
-    )
+    assert samples[runs] == 4242
     assert samples[
         ("tailsight_bpf_program_run_time_seconds_total", "probe=runqueue", "program=sched_switch")
     ] == pytest.approx(0.123456789)
-    missed = ("tailsight_bpf_program_missed_runs_total", "probe=runqueue", "program=sched_switch")
     assert samples[missed] == 3
     assert ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone") not in samples
     attached = ("tailsight_probe_attached", "mode=tp_btf", "probe=runqueue", "reason=")

@@ -59,7 +59,7 @@ TICKS = 500
 def _serve(port: int, base: str) -> subprocess.Popen[bytes]:
     command = [str(Path(sys.executable).with_name("tailsight")), "serve"]
     argv = ["--listen", f"127.0.0.1:{port}", "--interval", "0.5", "--window", "5"]
-    argv += ["--cgroup-allow", f"/{re.escape(base)}/.*"]
+    argv += ["--cgroup-allow", f"/{re.escape(base)}/.*", "--bpf-stats"]  # every panel has data
     return subprocess.Popen([*command, *argv], stderr=subprocess.DEVNULL)
 
 
