@@ -115,7 +115,7 @@ class Agent:
             try:
                 probe = make(name)
                 if self.config.cgroup_filter:
-                    probe.set_cgroup_filter([])  # compiled in; the ids follow
+                    probe.set_cgroup_filter([])  # nothing until the ids are resolved below
                 probe.attach()
                 ready.append((name, probe))
             except Exception as error:  # ProbeError, bcc's bare Exception, KeyError, ...

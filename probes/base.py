@@ -240,11 +240,7 @@ class Probe(Protocol):
         """Cumulative state as of now."""
 
     def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Record only these cgroup ids (None: all).
-
-        Called before ``attach`` it decides whether the filter is compiled in; once attached
-        only the set of ids may change (switching between None and a set: ValueError).
-        """
+        """Record only these cgroup ids (None: all); takes effect at once, attached or not."""
 
     def program_fds(self) -> Mapping[str, int]:
         """Program fd per attached program, for kernel BPF run-time stats."""

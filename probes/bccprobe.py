@@ -1,6 +1,6 @@
-"""What the bcc-based probes share: compile with verified offsets, attach their tracepoints all
-or nothing (tp_btf where the kernel allows, else raw tracepoints), keep the kernel cgroup
-allow-list, map arrays for reading, expose program fds, close."""
+"""The one lifecycle of every probe: compile with verified offsets, attach its tracepoints all
+or nothing (tp_btf where the kernel allows, else raw tracepoints), self-check, keep the kernel
+cgroup filter, map arrays for reading, expose program fds, close."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.probes.base import Snapshot
-from tailsight.probes.outliers import OutlierStream, outlier_cflags
+from tailsight.probes.outliers import (
+    DEFAULT_OUTLIER_FLOOR_NS,
+    DEFAULT_OUTLIER_RATE_PER_S,
+    OutlierStream,
+    outlier_cflags,
+)
 
 HIST_ROW: Final = NUM_BUCKETS + 1
 """Cells of a histogram row in a probe's array (finite buckets, then overflow; hist.bpf.h)."""
@@ -195,21 +200,30 @@ def sync_cgroup_allow(table: Any, wanted: set[int]) -> None:
         table[table.Key(cgroup_id)] = ctypes.c_uint8(1)
 
 
-class BccProbe:
-    """Base of a probe ``probes/<name>.bpf.c`` whose programs are ``on_<tracepoint>``.
+CONFIG_FILTER_ON: Final = 0
+"""Slot of ``<name>_config`` that turns the cgroup filter on (every probe's source has it)."""
 
-    Subclasses set ``name``/``tracepoints`` and implement ``read``.  With a cgroup filter the
-    source is compiled with ``-D<NAME>_CGROUP_FILTER`` and ``<name>_cgroup_allow`` holds the ids.
+
+class BccProbe:
+    """Base of every probe ``probes/<name>.bpf.c`` whose programs are ``on_<tracepoint>``.
+
+    ``attach`` compiles with ``extra_cflags``, lets ``prepare`` fill the maps, attaches
+    ``attach_tracepoints()`` and runs ``self_check`` (a failure detaches again); subclasses
+    implement ``read`` and ``forget``.  The cgroup filter works alike in every probe and can
+    change at any time: ``<name>_config[CONFIG_FILTER_ON]`` turns it on and
+    ``<name>_cgroup_allow`` holds the ids it lets through.  Probes whose source has outlier maps
+    set ``has_outliers``.
     """
 
     name: str
     tracepoints: Sequence[str]
+    has_outliers: bool = False
 
     def __init__(
         self,
-        cgroup_ids: Iterable[int] | None,
-        outlier_floor_ns: int,
-        outlier_rate_per_s: int,
+        cgroup_ids: Iterable[int] | None = None,
+        outlier_floor_ns: int = DEFAULT_OUTLIER_FLOOR_NS,
+        outlier_rate_per_s: int = DEFAULT_OUTLIER_RATE_PER_S,
     ) -> None:
         self._filter = None if cgroup_ids is None else set(cgroup_ids)
         self._outlier_cflags = outlier_cflags(outlier_floor_ns, outlier_rate_per_s)
@@ -222,56 +236,84 @@ class BccProbe:
         self.attach_fallback: str | None = None
         """Why tp_btf was refused, when it was."""
 
+    # -- what a probe adds to the lifecycle ---------------------------------------------------
+
     def extra_cflags(self) -> list[str]:
         """Probe specific -D flags (offsets beyond task.bpf.h's, syscall numbers...)."""
         return []
+
+    def attach_tracepoints(self) -> Sequence[str]:
+        """The tracepoints to attach (all required): ``tracepoints`` unless the probe picks."""
+        return self.tracepoints
+
+    def prepare(self, bpf: Any) -> None:
+        """Fill the probe's own maps, before its programs are attached."""
+
+    def self_check(self, bpf: Any) -> None:
+        """Prove what the programs read on a known case once attached (raise: not attached)."""
 
     def outlier_detail(self) -> tuple[str, Callable[[int], str]] | None:
         """Label for the outlier events' detail field (None: the probe sets none)."""
         return None
 
+    # -- the lifecycle ------------------------------------------------------------------------
+
     def attach(self) -> None:
         """Compile with verified offsets and attach every tracepoint (all or nothing): as tp_btf
         if the kernel takes it, else (or if ``TAILSIGHT_ATTACH_MODE=raw_tp``) as raw
-        tracepoints; ``attach_mode`` says which, ``attach_fallback`` why tp_btf was not used."""
+        tracepoints; ``attach_mode`` says which, ``attach_fallback`` why tp_btf was not used.
+        Then ``self_check``; if that fails, nothing stays attached."""
         from tailsight.probes.loader import attach_best, compile_probe, require_bpf_privileges
 
         if self._bpf is not None:
             return
         require_bpf_privileges()
-        cflags = [*self.extra_cflags(), *self._outlier_cflags]
-        if self._filter is not None:
-            cflags.append(f"-D{self.name.upper()}_CGROUP_FILTER")
+        cflags = self.extra_cflags()
+        if self.has_outliers:
+            cflags += self._outlier_cflags
 
         def prepare(bpf: Any) -> None:
             self._close_mapped()
             self._bpf = bpf
-            self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
-            if self._filter is not None:
-                self._sync_filter()
+            if self.has_outliers:
+                self.outliers = OutlierStream(bpf, self.name, self.outlier_detail())
+            self.prepare(bpf)
+            self._sync_filter()
 
         try:
-            _, self._attached, self.attach_fallback = attach_best(
+            bpf, self._attached, self.attach_fallback = attach_best(
                 self.name,
                 lambda extra: compile_probe(self.name, [*cflags, *extra]),
                 prepare,
-                self.tracepoints,
+                self.attach_tracepoints(),
             )
         except BaseException:
             self._close_mapped()
             self._bpf = self.outliers = None
             raise
         self.attach_mode = self._attached.mode
+        try:
+            self.self_check(bpf)
+        except BaseException:
+            self.close()
+            raise
+
+    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
+        """Record only these cgroup ids (None: all); takes effect at once, attached or not."""
+        self._filter = None if cgroup_ids is None else set(cgroup_ids)
+        if self._bpf is not None:
+            self._sync_filter()
+
+    def _sync_filter(self) -> None:
+        bpf = self._bpf
+        sync_cgroup_allow(bpf[f"{self.name}_cgroup_allow".encode()], self._filter or set())
+        config = bpf[f"{self.name}_config".encode()]
+        config[ctypes.c_int(CONFIG_FILTER_ON)] = ctypes.c_uint32(self._filter is not None)
 
     def _close_mapped(self) -> None:
         for mapped in self._mapped.values():
             mapped.close()
         self._mapped.clear()
-
-    def _release(self, bpf: Any) -> None:
-        self._close_mapped()
-        self._bpf = self.outliers = None
-        bpf.cleanup()
 
     def mapped_array(self, map_name: str, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> Any:
         """The probe's mmap-able array ``map_name`` as a live read-only numpy array."""
@@ -288,23 +330,6 @@ class BccProbe:
     def forget(self, cgroup_ids: set[int]) -> None:
         """Drop every trace of removed cgroups, in the kernel and here (see ``Probe``)."""
         raise NotImplementedError
-
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Record only these cgroup ids (None: all).
-
-        Before ``attach`` this chooses whether the filter is compiled in; once attached, only
-        the id set can change (ValueError on switching between None and a set).
-        """
-        wanted = None if cgroup_ids is None else set(cgroup_ids)
-        if self._bpf is not None and (wanted is None) != (self._filter is None):
-            raise ValueError(f"{self.name}: cgroup filtering on/off is fixed at attach")
-        self._filter = wanted
-        if self._bpf is not None and wanted is not None:
-            self._sync_filter()
-
-    def _sync_filter(self) -> None:
-        assert self._filter is not None
-        sync_cgroup_allow(self._bpf[f"{self.name}_cgroup_allow".encode()], self._filter)
 
     def _require_bpf(self) -> Any:
         if self._bpf is None:
@@ -333,8 +358,10 @@ class BccProbe:
         if self._attached is not None:
             self._attached.close()
             self._attached = None
+        self._close_mapped()
         if self._bpf is not None:
-            self._release(self._bpf)
+            self._bpf.cleanup()
+            self._bpf = self.outliers = None
         self.attach_mode = None
 
     def __enter__(self) -> Self:

@@ -15,19 +15,17 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
 
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.bccprobe import (
+    BccProbe,
     MappedArray,
-    hash_map_fill,
     release_slots,
     slot_ids,
     steer_slot_hint,
-    sync_cgroup_allow,
 )
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology, possible_cpu_ids
@@ -72,8 +70,7 @@ MAX_SLOTS: Final = 1024
 KINDS_ROW: Final = 8  # counters per slot row in migration.bpf.c
 COUNTS_BYTES_PER_CPU: Final = MAX_SLOTS * KINDS_ROW * 8
 """What each CPU adds to migration_counts (an array, yet one row per CPU and slot)."""
-_CONFIG_FILTER_ON: Final = 0
-_CONFIG_SELFCHECK_TID: Final = 1
+_CONFIG_SELFCHECK_TID: Final = 1  # migration_config slot (0 is the cgroup filter's)
 
 
 def read_vmstat(proc_root: Path | str = "/proc") -> dict[str, int]:
@@ -103,14 +100,14 @@ def resolve_task_cpu_offset(btf: Any) -> int:
     raise OffsetCheckError("cannot resolve TASK_CPU_OFF: " + "; ".join(tried))
 
 
-class MigrationProbe:
+class MigrationProbe(BccProbe):
     """Loads, attaches, self-checks and reads the migration probe.
 
     ``topology``: CPU -> NUMA node map for the cross-node counter (default: read from
     ``sysfs_root``).  ``cgroup_ids``: count only tasks of these cgroups (None: all).
     """
 
-    name: Final = PROBE_NAME
+    name = PROBE_NAME
 
     def __init__(
         self,
@@ -122,22 +119,16 @@ class MigrationProbe:
         self_check: bool = True,
         task_cpu_offset_override: int | None = None,
     ) -> None:
+        super().__init__(cgroup_ids)
         self._topology = topology
         self._sysfs_root = Path(sysfs_root)
         self._proc_root = Path(proc_root)
-        self._filter = None if cgroup_ids is None else set(cgroup_ids)
         self._self_check = self_check
-        self._cpu_offset_override = task_cpu_offset_override
-        self._bpf: Any = None
-        self._counts: MappedArray | None = None
+        self._cpu_offset: int | None = task_cpu_offset_override
         self._cpu_ids = 0
         """Counter rows per slot (-DMIGRATION_NR_CPUS), set at attach."""
-        self._links: list[Any] = []
-        self.attach_mode: str | None = None
-        """``tp_btf`` or ``raw_tp`` once attached."""
-        self.attach_fallback: str | None = None
         self.tracepoints: tuple[str, ...] = ()
-        """The tracepoints actually attached (NUMA ones only where the kernel has them)."""
+        """The tracepoints attached (NUMA ones only where the kernel has them); () detached."""
         self.cpu_offset_verified = False
 
     @property
@@ -146,58 +137,37 @@ class MigrationProbe:
             self._topology = CpuTopology.from_sysfs(self._sysfs_root)
         return self._topology
 
-    def attach(self) -> None:
-        """Compile, load the node map, attach, then check the CPU offset on our own thread.
-
-        NUMA-balancing tracepoints the kernel lacks (no ``btf_trace_<name>``) are left out;
-        sched_migrate_task is required.  OffsetCheckError if the CPU offset reads wrong.
-        """
+    def attach_tracepoints(self) -> Sequence[str]:
+        """NUMA-balancing tracepoints the kernel lacks (no ``btf_trace_<name>``) are left out;
+        sched_migrate_task is required."""
         from tailsight.probes.btf import Btf
-        from tailsight.probes.loader import attach_best, compile_probe
 
-        if self._bpf is not None:
-            return
         btf = Btf.load()
-        self._cpu_ids = possible_cpu_ids()  # the real kernel's, whatever topology is loaded
-        cpu_offset = self._cpu_offset_override
-        if cpu_offset is None:
-            cpu_offset = resolve_task_cpu_offset(btf)
-        wanted = [
+        self.tracepoints = tuple(
             tp for tp in INFO.tracepoints if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
+        )
+        return self.tracepoints
+
+    def extra_cflags(self) -> list[str]:
+        from tailsight.probes.btf import Btf
+
+        self._cpu_ids = possible_cpu_ids()  # the real kernel's, whatever topology is loaded
+        if self._cpu_offset is None:
+            self._cpu_offset = resolve_task_cpu_offset(Btf.load())
+        return [
+            f"-DTASK_CPU_OFF={self._cpu_offset}",
+            f"-DMIGRATION_MAX_SLOTS={MAX_SLOTS}",
+            f"-DMIGRATION_NR_CPUS={self._cpu_ids}",
         ]
 
-        def prepare(bpf: Any) -> None:
-            self._bpf = bpf
-            self.load_topology(self.topology)
-            self._sync_filter()
+    def prepare(self, bpf: Any) -> None:
+        self.load_topology(self.topology)
 
-        try:
-            bpf, attached, self.attach_fallback = attach_best(
-                PROBE_NAME,
-                lambda extra: compile_probe(
-                    PROBE_NAME,
-                    [
-                        f"-DTASK_CPU_OFF={cpu_offset}",
-                        f"-DMIGRATION_MAX_SLOTS={MAX_SLOTS}",
-                        f"-DMIGRATION_NR_CPUS={self._cpu_ids}",
-                        *extra,
-                    ],
-                ),
-                prepare,
-                wanted,
-            )
-        except BaseException:
-            self._bpf = None
-            raise
-        self._links = [attached]
-        self.attach_mode = attached.mode
-        self.tracepoints = tuple(wanted)
-        try:
-            if self._self_check:
-                self.cpu_offset_verified = check_task_cpu_offset(bpf, cpu_offset)
-        except BaseException:
-            self.close()
-            raise
+    def self_check(self, bpf: Any) -> None:
+        """The CPU offset, read on our own thread moved between CPUs (OffsetCheckError)."""
+        if self._self_check:
+            assert self._cpu_offset is not None
+            self.cpu_offset_verified = check_task_cpu_offset(bpf, self._cpu_offset)
 
     def load_topology(self, topology: CpuTopology) -> None:
         """Replace the kernel CPU -> node map (CPUs not in ``topology`` count as node 0)."""
@@ -213,21 +183,9 @@ class MigrationProbe:
             if node or cpu in topology.cpu_node:
                 table[ctypes.c_int(cpu)] = ctypes.c_uint32(node)
 
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Count only tasks of these cgroup ids (None: all); takes effect at once."""
-        self._filter = None if cgroup_ids is None else set(cgroup_ids)
-        if self._bpf is not None:
-            self._sync_filter()
-
-    def _sync_filter(self) -> None:
-        wanted = set() if self._filter is None else self._filter
-        sync_cgroup_allow(self._bpf[b"migration_cgroup_allow"], wanted)
-        _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
-
     def read(self) -> Snapshot:
         """Cumulative per-cgroup counters, drops and host-wide page migration, as of now."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
+        self._require_bpf()
         taken_ns = time.time_ns()
         counters: dict[tuple[str, Labels], int] = {}
         cgroup_of = slot_ids(self._bpf[b"migration_slots"])
@@ -246,8 +204,7 @@ class MigrationProbe:
 
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' counter rows and give their slots back."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
+        self._require_bpf()
         table = self._bpf[b"migration_slots"]
         gone = sorted(
             slot for slot, cgroup_id in slot_ids(table).items() if cgroup_id in cgroup_ids
@@ -257,53 +214,12 @@ class MigrationProbe:
             release_slots(self._bpf, PROBE_NAME, [table.Key(cgroup_id) for cgroup_id in cgroup_ids])
 
     def _mapped_counts(self) -> MappedArray:
-        if self._counts is None:
-            table = self._bpf[b"migration_counts"]
-            self._counts = MappedArray(table, np.uint64, (self._cpu_ids, MAX_SLOTS, KINDS_ROW))
-        return self._counts
-
-    def attachment(self) -> Any:
-        """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
-        if not self._links:
-            raise RuntimeError("probe not attached")
-        return self._links[0]
-
-    def program_fds(self) -> dict[str, int]:
-        """Program fd per attached tracepoint (for BPF run-time stats)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        return {tp: fd for link in self._links for tp, fd in link.prog_fds.items()}
-
-    def map_fill(self) -> dict[str, float]:
-        """Fill ratio per hash map (a full map drops events: see the drop counters)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        return hash_map_fill(self._bpf)
+        return self.mapped("migration_counts", np.uint64, (self._cpu_ids, MAX_SLOTS, KINDS_ROW))
 
     def close(self) -> None:
         """Detach and free the maps; safe to call twice."""
-        while self._links:
-            self._links.pop().close()
-        if self._counts is not None:
-            self._counts.close()
-            self._counts = None
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
+        super().close()
         self.tracepoints = ()
-        self.attach_mode = None
-
-    def __enter__(self) -> MigrationProbe:
-        self.attach()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _has_tracepoint(btf: Any, name: str) -> bool:

@@ -62,8 +62,9 @@
  * its start set held a call in flight (thread_collision), no series slot left, error map full.
  *
  * Tunables (-D): NETSYSCALL_START_SET_BITS (2^bits sets of calls in flight),
- * NETSYSCALL_MAX_SERIES (set by netsyscall.py), NETSYSCALL_MAX_ERRORS; NETSYSCALL_CGROUP_FILTER:
- * record only cgroup ids in netsyscall_cgroup_allow (checked at sys_enter).
+ * NETSYSCALL_MAX_SERIES (set by netsyscall.py), NETSYSCALL_MAX_ERRORS.  Cgroup filter (at run
+ * time, checked at sys_enter): with netsyscall_config[CONFIG_FILTER_ON] set, only calls of cgroup
+ * ids in netsyscall_cgroup_allow are recorded.
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
@@ -132,6 +133,9 @@ struct netsyscall_error_key {
     u32 errno_value;
 };
 
+#define CONFIG_FILTER_ON 0 /* netsyscall_config slots */
+#define CONFIG_SLOTS 1
+
 BPF_ARRAY(netsyscall_start_ns, struct netsyscall_start_set, 1 << NETSYSCALL_START_SET_BITS);
 /* (cgroup, syscall) -> series slot, and the claim of each slot (never given back). */
 BPF_HASH(netsyscall_slots, struct netsyscall_series_key, u32, NETSYSCALL_MAX_SERIES);
@@ -150,9 +154,19 @@ BPF_STACK_TRACE(netsyscall_outlier_stacks, OUTLIER_MAX_STACKS);
 BPF_HASH(netsyscall_outlier_threshold, u64, u64, NETSYSCALL_MAX_SERIES);
 BPF_PERCPU_ARRAY(netsyscall_outlier_rate, struct outlier_bucket, 1);
 BPF_PERCPU_ARRAY(netsyscall_outlier_dropped, u64, OUTLIER_DROP_REASONS);
-#ifdef NETSYSCALL_CGROUP_FILTER
+/* The cgroup filter, set by user space at any time (probes/bccprobe.py): slot CONFIG_FILTER_ON
+ * of netsyscall_config says whether it is on, netsyscall_cgroup_allow holds the ids it lets through. */
+BPF_ARRAY(netsyscall_config, u32, CONFIG_SLOTS);
 BPF_HASH(netsyscall_cgroup_allow, u64, u8, NETSYSCALL_MAX_SERIES);
-#endif
+
+/* False if the cgroup filter is on and this cgroup is not in it. */
+static __always_inline bool cgroup_wanted(u64 cgroup_id)
+{
+    u32 slot = CONFIG_FILTER_ON;
+    u32 *on = netsyscall_config.lookup(&slot);
+
+    return !on || !*on || netsyscall_cgroup_allow.lookup(&cgroup_id);
+}
 
 static __always_inline void count_drop(u32 reason)
 {
@@ -316,10 +330,8 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx)
     if (!IS_NET_SYSCALL(nr))
         return 0;
     cgroup_id = CALLER_CGROUP_ID();
-#ifdef NETSYSCALL_CGROUP_FILTER
-    if (!netsyscall_cgroup_allow.lookup(&cgroup_id))
+    if (!cgroup_wanted(cgroup_id))
         return 0;
-#endif
     frame = frame_number(ctx->args[0]);
     set = start_set(frame);
     if (!set || !frame)

@@ -71,6 +71,7 @@ class NetSyscallProbe(BccProbe):
 
     name = PROBE_NAME
     tracepoints = INFO.tracepoints
+    has_outliers = True
 
     def __init__(
         self,

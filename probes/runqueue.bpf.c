@@ -56,8 +56,9 @@
  * switch": on the dev VM some switches (out of the sandbox agent's threads) never reach the
  * tracepoint; the wait such a switch ended is not seen.
  *
- * Tunables (-D): RUNQUEUE_MAX_SLOTS (set by runqueue.py), RUNQUEUE_SLOT_CACHE;
- * RUNQUEUE_CGROUP_FILTER: record only victims whose cgroup id is in runqueue_cgroup_allow.
+ * Tunables (-D): RUNQUEUE_MAX_SLOTS (set by runqueue.py), RUNQUEUE_SLOT_CACHE.  Cgroup filter
+ * (at run time): with runqueue_config[CONFIG_FILTER_ON] set, only victims whose cgroup id is in
+ * runqueue_cgroup_allow are recorded.
  */
 #include "hist.bpf.h"
 #include "outlier.bpf.h"
@@ -112,6 +113,9 @@ struct runqueue_task_seen {
     u32 pcount;
 };
 
+#define CONFIG_FILTER_ON 0 /* runqueue_config slots */
+#define CONFIG_SLOTS 1
+
 /* cgroup id -> slot (the row of the arrays below), and the claim of each slot.  Slot 0 is cgroup
  * id 0, the idle "aggressor".  Slots are never given back: a cgroup keeps its slot for the life
  * of the probe, so the per-CPU caches can never go stale. */
@@ -132,9 +136,19 @@ BPF_STACK_TRACE(runqueue_outlier_stacks, OUTLIER_MAX_STACKS);
 BPF_HASH(runqueue_outlier_threshold, u64, u64, RUNQUEUE_MAX_SLOTS);
 BPF_PERCPU_ARRAY(runqueue_outlier_rate, struct outlier_bucket, 1);
 BPF_PERCPU_ARRAY(runqueue_outlier_dropped, u64, OUTLIER_DROP_REASONS);
-#ifdef RUNQUEUE_CGROUP_FILTER
+/* The cgroup filter, set by user space at any time (probes/bccprobe.py): slot CONFIG_FILTER_ON
+ * of runqueue_config says whether it is on, runqueue_cgroup_allow holds the ids it lets through. */
+BPF_ARRAY(runqueue_config, u32, CONFIG_SLOTS);
 BPF_HASH(runqueue_cgroup_allow, u64, u8, RUNQUEUE_MAX_SLOTS);
-#endif
+
+/* False if the cgroup filter is on and this cgroup is not in it. */
+static __always_inline bool cgroup_wanted(u64 cgroup_id)
+{
+    u32 slot = CONFIG_FILTER_ON;
+    u32 *on = runqueue_config.lookup(&slot);
+
+    return !on || !*on || runqueue_cgroup_allow.lookup(&cgroup_id);
+}
 
 static __always_inline void count_drop(u32 reason)
 {
@@ -309,10 +323,8 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
     wait_ns += moved_wait(next, wait_ns);
 
     victim_cgroup_id = task_cgroup_id(next);
-#ifdef RUNQUEUE_CGROUP_FILTER
-    if (!runqueue_cgroup_allow.lookup(&victim_cgroup_id))
+    if (!cgroup_wanted(victim_cgroup_id))
         return 0;
-#endif
     victim = slot_of(cpu, victim_cgroup_id);
     if (victim < 0) {
         count_drop(DROP_SLOTS_FULL);

@@ -111,6 +111,7 @@ class RunQueueProbe(BccProbe):
 
     name = PROBE_NAME
     tracepoints = INFO.tracepoints
+    has_outliers = True
 
     def __init__(
         self,

@@ -18,7 +18,6 @@ import socket
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Final
 
 import numpy as np
@@ -36,12 +35,11 @@ from tailsight.probes.base import (
 )
 from tailsight.probes.bccprobe import (
     HIST_ROW,
-    MappedArray,
+    BccProbe,
     delete_where,
     hash_map_fill,
     release_slots,
     slot_histograms,
-    sync_cgroup_allow,
     table_items,
 )
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
@@ -126,8 +124,7 @@ TCP_STATES: Final = {
     12: "NEW_SYN_RECV",
     13: "BOUND_INACTIVE",
 }
-_CONFIG_FILTER_ON: Final = 0
-_CONFIG_SELFCHECK_PORT: Final = 1
+_CONFIG_SELFCHECK_PORT: Final = 1  # tcpstate_config slot (0 is the cgroup filter's)
 _IPPROTO_TCP: Final = 6
 
 
@@ -149,7 +146,7 @@ def series_labels(
     return labels(**values)
 
 
-class TcpStateProbe:
+class TcpStateProbe(BccProbe):
     """Loads, attaches, self-checks and reads the TCP state probe.
 
     ``port_allow_list``: ports that get their own ``port`` label (at most 64; every other
@@ -158,7 +155,8 @@ class TcpStateProbe:
     connection at attach (only tests that provoke a failure turn it off).
     """
 
-    name: Final = PROBE_NAME
+    name = PROBE_NAME
+    tracepoints = INFO.tracepoints
 
     def __init__(
         self,
@@ -168,38 +166,26 @@ class TcpStateProbe:
         self_check: bool = True,
         offsets_override: Mapping[str, int] | None = None,
     ) -> None:
+        super().__init__(cgroup_ids)
         ports = sorted(set(port_allow_list))
         if len(ports) > MAX_PORT_LABELS:
             raise ValueError(f"at most {MAX_PORT_LABELS} port labels, got {len(ports)}")
         if any(not 0 < port < 65536 for port in ports):
             raise ValueError(f"ports must be 1..65535: {ports}")
         self.port_allow_list = tuple(ports)
-        self._filter = None if cgroup_ids is None else set(cgroup_ids)
         self._self_check = self_check
         self._offsets_override = dict(offsets_override or {})
-        self._bpf: Any = None
-        self._attached: Any = None
-        self._mapped: dict[str, MappedArray] = {}
-        self.attach_mode: str | None = None
-        """``tp_btf`` or ``raw_tp`` once attached."""
-        self.attach_fallback: str | None = None
+        self._offsets: dict[str, int] = {}
 
-    def attach(self) -> None:
-        """Compile with BTF offsets, attach both tracepoints, then self-check the sock offsets.
-
-        Raises OffsetCheckError (and leaves nothing attached) if the check fails.
-        """
-        from tailsight.probes.loader import attach_best, compile_probe
+    def extra_cflags(self) -> list[str]:
+        """The sock offsets from BTF, the table sizes, and what this kernel's tracepoints take."""
+        from tailsight.probes.btf import Btf
         from tailsight.probes.offsets import offset_cflags, resolve_offsets
 
-        if self._bpf is not None:
-            return
-        from tailsight.probes.btf import Btf
-
         btf = Btf.load()
-        offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
+        self._offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
         cflags = [
-            *offset_cflags(offsets),
+            *offset_cflags(self._offsets),
             f"-DTCPSTATE_MAX_SERIES={MAX_SERIES}",
             f"-DTCPSTATE_SOCK_SET_BITS={SOCK_SET_BITS}",
             f"-DTCPSTATE_SOCK_WAYS={SOCK_WAYS}",
@@ -208,48 +194,21 @@ class TcpStateProbe:
             cflags.append("-DTCPSTATE_RETRANSMIT_HAS_ERR")
         if self.port_allow_list:
             cflags.append("-DTCPSTATE_PORT_LABELS")
+        return cflags
 
-        def prepare(bpf: Any) -> None:
-            self._bpf = bpf
-            ports = bpf[b"tcpstate_port_allow"]
-            for port in self.port_allow_list:
-                ports[ports.Key(port)] = ctypes.c_uint8(1)
-            self._sync_filter()
+    def prepare(self, bpf: Any) -> None:
+        ports = bpf[b"tcpstate_port_allow"]
+        for port in self.port_allow_list:
+            ports[ports.Key(port)] = ctypes.c_uint8(1)
 
-        try:
-            bpf, self._attached, self.attach_fallback = attach_best(
-                PROBE_NAME,
-                lambda extra: compile_probe(PROBE_NAME, [*cflags, *extra]),
-                prepare,
-                INFO.tracepoints,
-            )
-        except BaseException:
-            self._bpf = None
-            raise
-        self.attach_mode = self._attached.mode
-        try:
-            if self._self_check:
-                check_sock_offsets(bpf, offsets)
-        except BaseException:
-            self.close()
-            raise
-
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        """Record only sockets of these cgroup ids (None: all); takes effect at once."""
-        self._filter = None if cgroup_ids is None else set(cgroup_ids)
-        if self._bpf is not None:
-            self._sync_filter()
-
-    def _sync_filter(self) -> None:
-        wanted = set() if self._filter is None else self._filter
-        sync_cgroup_allow(self._bpf[b"tcpstate_cgroup_allow"], wanted)
-        _set_config(self._bpf, _CONFIG_FILTER_ON, 0 if self._filter is None else 1)
+    def self_check(self, bpf: Any) -> None:
+        """The sock offsets, proven on a loopback connection (OffsetCheckError if wrong)."""
+        if self._self_check:
+            check_sock_offsets(bpf, self._offsets)
 
     def read(self) -> Snapshot:
         """Cumulative histograms per series, retransmit counters and drops, as of now."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        bpf = self._bpf
+        bpf = self._require_bpf()
         taken_ns = time.time_ns()
         with_port = bool(self.port_allow_list)
 
@@ -265,9 +224,10 @@ class TcpStateProbe:
 
         series_of = {int(slot.value): key for key, slot in table_items(bpf[b"tcpstate_slots"])}
         slots = sorted(series_of)
-        # Sums first: a sample lands in its bucket before its sum (see record()).
-        sums = self._array("tcpstate_sum_ns", (MAX_SERIES,))[slots]  # fancy indexing copies
-        rows = self._array("tcpstate_hist", (MAX_SERIES, HIST_ROW))[slots]
+        # Sums first: a sample lands in its bucket before its sum (see record()).  Fancy indexing
+        # copies: one read each.
+        sums = self.mapped_array("tcpstate_sum_ns", np.uint64, (MAX_SERIES,))[slots]
+        rows = self.mapped_array("tcpstate_hist", np.uint64, (MAX_SERIES, HIST_ROW))[slots]
         histograms = {
             key_of(series_of[slot]): hist
             for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
@@ -289,9 +249,7 @@ class TcpStateProbe:
 
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' series rows, give their slots back, drop their counters."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        bpf = self._bpf
+        bpf = self._require_bpf()
         gone = [
             (key, int(slot.value))
             for key, slot in table_items(bpf[b"tcpstate_slots"])
@@ -299,8 +257,8 @@ class TcpStateProbe:
         ]
         if gone:
             rows = sorted(slot for _, slot in gone)
-            self._mapped_array("tcpstate_sum_ns", (MAX_SERIES,)).zero(rows)
-            self._mapped_array("tcpstate_hist", (MAX_SERIES, HIST_ROW)).zero(rows)
+            self.mapped("tcpstate_sum_ns", np.uint64, (MAX_SERIES,)).zero(rows)
+            self.mapped("tcpstate_hist", np.uint64, (MAX_SERIES, HIST_ROW)).zero(rows)
             release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
         for table in (b"tcpstate_retransmits", b"tcpstate_retransmit_failures"):
             delete_where(bpf[table], lambda key: int(key.value) in cgroup_ids)
@@ -309,74 +267,19 @@ class TcpStateProbe:
             lambda pair: {int(pair.cgroup_id), int(pair.peer_cgroup_id)} & cgroup_ids != set(),
         )
 
-    def _mapped_array(self, name: str, shape: tuple[int, ...]) -> MappedArray:
-        mapped = self._mapped.get(name)
-        if mapped is None:
-            mapped = self._mapped[name] = MappedArray(self._bpf[name.encode()], np.uint64, shape)
-        return mapped
-
-    def _array(self, name: str, shape: tuple[int, ...]) -> Any:
-        return self._mapped_array(name, shape).array
-
-    def attachment(self) -> Any:
-        """The probe's AttachedProbe (links and program fds), e.g. to detach it for a while."""
-        if self._attached is None:
-            raise RuntimeError("probe not attached")
-        return self._attached
-
-    def program_fds(self) -> dict[str, int]:
-        """Program fd per attached tracepoint (for BPF run-time stats)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        return dict(self._attached.prog_fds)
-
     def map_fill(self) -> dict[str, float]:
         """Fill ratio per hash map and of the socket table (a full map drops events: see the
         drop counters)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
         socks = self.tracked_sockets()["sk"]
         return {
-            **hash_map_fill(self._bpf),
+            **hash_map_fill(self._require_bpf()),
             "tcpstate_socks": int(np.count_nonzero(socks)) / socks.size,
         }
 
     def tracked_sockets(self) -> npt.NDArray[Any]:
         """The socket table as it is now (read-only view, SOCK_ENTRY by set and way; ``sk`` 0
         is a free way)."""
-        if self._bpf is None:
-            raise RuntimeError("probe not attached")
-        mapped = self._mapped.get("tcpstate_socks")
-        if mapped is None:
-            shape = (1 << SOCK_SET_BITS, SOCK_WAYS)
-            table = self._bpf[b"tcpstate_socks"]
-            mapped = self._mapped["tcpstate_socks"] = MappedArray(table, SOCK_ENTRY, shape)
-        return mapped.array
-
-    def close(self) -> None:
-        """Detach and free the maps; safe to call twice."""
-        if self._attached is not None:
-            self._attached.close()
-            self._attached = None
-        for mapped in self._mapped.values():
-            mapped.close()
-        self._mapped.clear()
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-        self.attach_mode = None
-
-    def __enter__(self) -> TcpStateProbe:
-        self.attach()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        return self.mapped("tcpstate_socks", SOCK_ENTRY, (1 << SOCK_SET_BITS, SOCK_WAYS)).array
 
 
 def _set_config(bpf: Any, slot: int, value: int) -> None:

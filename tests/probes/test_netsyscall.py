@@ -174,6 +174,10 @@ def test_filter_records_only_the_allowed_cgroups(probe: NetSyscallProbe) -> None
     sent = (probe.read() - before).histograms[labels(cgroup=own, syscall="sendto")]
     probe.set_cgroup_filter([])
     assert sent.count >= 1
+    # The filter is switched off and on again while attached, as for every probe.
+    probe.set_cgroup_filter(None)
+    workload_id, interval = _run_udp(probe, "ns-unfiltered", traced=False)
+    assert workload_id in {dict(key)["cgroup"] for key in interval.histograms}
 
 
 def test_errno_names() -> None:
