@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 def prog_stats(fd: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a loaded program, from the kernel."""
-    from tailsight.collector.exporter import read_program_stats
+    from tailsight.probes.loader import read_program_stats
 
     stats = read_program_stats(Path("/proc"), fd)
     if stats is None:

@@ -12,8 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +29,7 @@ from tailsight.hist import (
 )
 from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.catalog import PROBES
+from tailsight.probes.loader import read_program_stats
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -124,33 +124,6 @@ def window_label(seconds: float) -> str:
     if seconds >= 1 and float(seconds).is_integer():
         return f"{int(seconds)}s"
     return f"{seconds * 1000:g}ms"
-
-
-class ProgramStats(NamedTuple):
-    """A BPF program's counters in ``fdinfo``: kernel BPF stats, and the runs it missed."""
-
-    run_time_ns: int
-    run_cnt: int
-    missed_runs: int
-    """``recursion_misses``: events the kernel dropped because the program was already running on
-    that CPU (an interrupt during it); counted whether or not BPF stats are on."""
-
-
-def read_program_stats(proc_root: Path, fd: int) -> ProgramStats | None:
-    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent."""
-    try:
-        text = (proc_root / "self" / "fdinfo" / str(fd)).read_text(encoding="utf-8")
-    except OSError:
-        return None
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    try:
-        return ProgramStats(
-            int(fields["run_time_ns"].strip()),
-            int(fields["run_cnt"].strip()),
-            int(fields.get("recursion_misses", "0").strip()),  # Linux >= 5.12
-        )
-    except (KeyError, ValueError):
-        return None
 
 
 @dataclass

@@ -8,6 +8,7 @@ import ctypes
 import math
 import mmap
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -15,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.probes.base import Snapshot
+from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
     DEFAULT_OUTLIER_RATE_PER_S,
@@ -202,6 +203,15 @@ def sync_cgroup_allow(table: Any, wanted: set[int]) -> None:
 
 CONFIG_FILTER_ON: Final = 0
 """Slot of ``<name>_config`` that turns the cgroup filter on (every probe's source has it)."""
+MISSED_RUN: Final = "missed_run"
+"""Drop reason of the events the kernel did not run a program for (fdinfo ``recursion_misses``:
+the program was already running on that CPU, e.g. interrupted by a softirq that fired the same
+tracepoint)."""
+
+
+def drops_help(what: str, reasons: Sequence[str]) -> str:
+    """Help text of a probe's ``<name>_dropped_events``: ``what`` was not counted, and why."""
+    return f"{what} not counted, by reason ({', '.join((*reasons, MISSED_RUN))})."
 
 
 class BccProbe:
@@ -217,6 +227,8 @@ class BccProbe:
 
     name: str
     tracepoints: Sequence[str]
+    drop_reasons: Sequence[str] = ()
+    """Reasons of ``<name>_dropped_events``, the kernel's per-CPU array, in index order."""
     has_outliers: bool = False
 
     def __init__(
@@ -330,6 +342,22 @@ class BccProbe:
     def forget(self, cgroup_ids: set[int]) -> None:
         """Drop every trace of removed cgroups, in the kernel and here (see ``Probe``)."""
         raise NotImplementedError
+
+    def drop_counters(self) -> dict[tuple[str, Labels], int]:
+        """``<name>_dropped_events`` by reason: the program's own (``drop_reasons``) and the
+        runs the kernel skipped (MISSED_RUN), each an event missing from the counts."""
+        from tailsight.probes.loader import read_program_stats
+
+        name = f"{self.name}_dropped_events"
+        drops = self._require_bpf()[name.encode()]
+        counters = {
+            (name, labels(reason=reason)): int(drops.sum(index).value)
+            for index, reason in enumerate(self.drop_reasons)
+        }
+        stats = [read_program_stats(Path("/proc"), fd) for fd in self.program_fds().values()]
+        missed = sum(stat.missed_runs for stat in stats if stat is not None)
+        counters[(name, labels(reason=MISSED_RUN))] = missed
+        return counters
 
     def _require_bpf(self) -> Any:
         if self._bpf is None:

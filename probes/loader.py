@@ -14,7 +14,7 @@ import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 if TYPE_CHECKING:
     from bcc import BPF
@@ -202,6 +202,33 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
     except OSError:
         lines = log.value.decode(errors="replace").strip().splitlines()
         raise TpBtfLoadError(fn_name, first_errno, " | ".join(lines[-3:]) or "no log") from None
+
+
+class ProgramStats(NamedTuple):
+    """A BPF program's counters in ``fdinfo``: kernel BPF stats, and the runs it missed."""
+
+    run_time_ns: int
+    run_cnt: int
+    missed_runs: int
+    """``recursion_misses``: events the kernel dropped because the program was already running on
+    that CPU (an interrupt during it); counted whether or not BPF stats are on."""
+
+
+def read_program_stats(proc_root: Path, fd: int) -> ProgramStats | None:
+    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent."""
+    try:
+        text = (proc_root / "self" / "fdinfo" / str(fd)).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    try:
+        return ProgramStats(
+            int(fields["run_time_ns"].strip()),
+            int(fields["run_cnt"].strip()),
+            int(fields.get("recursion_misses", "0").strip()),  # Linux >= 5.12
+        )
+    except (KeyError, ValueError):
+        return None
 
 
 def preferred_attach_modes() -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labe
 from tailsight.probes.bccprobe import (
     BccProbe,
     MappedArray,
+    drops_help,
     release_slots,
     slot_ids,
     steer_slot_hint,
@@ -56,7 +57,7 @@ INFO: Final = ProbeInfo(
         CounterInfo(KINDS[2], "NUMA balancing moves of a task to its preferred node."),
         CounterInfo(KINDS[3], "NUMA balancing swaps of two tasks between nodes."),
         CounterInfo(KINDS[4], "NUMA balancing moves or swaps of a task that failed (it stays)."),
-        CounterInfo(DROPPED, f"Events not counted, by reason ({', '.join(DROP_REASONS)})."),
+        CounterInfo(DROPPED, drops_help("Events", DROP_REASONS)),
         *(
             CounterInfo(HOST_PREFIX + name, f"The host's {name} from /proc/vmstat (all cgroups).")
             for name in VMSTAT_COUNTERS
@@ -108,6 +109,7 @@ class MigrationProbe(BccProbe):
     """
 
     name = PROBE_NAME
+    drop_reasons = DROP_REASONS
 
     def __init__(
         self,
@@ -195,9 +197,7 @@ class MigrationProbe(BccProbe):
         for row, slot in zip(rows, slots, strict=True):
             for kind in row.nonzero()[0]:
                 counters[(KINDS[kind], labels(cgroup=cgroup_of[slot]))] = int(row[kind])
-        drops = self._bpf[b"migration_dropped_events"]
-        for index, reason in enumerate(DROP_REASONS):
-            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        counters.update(self.drop_counters())
         for name, value in read_vmstat(self._proc_root).items():
             counters[(HOST_PREFIX + name, HOST_LABELS)] = value
         return Snapshot(PROBE_NAME, taken_ns, {}, counters)

@@ -16,6 +16,7 @@ from tailsight.probes.bccprobe import (
     HIST_ROW,
     BccProbe,
     delete_where,
+    drops_help,
     release_slots,
     slot_histograms,
     steer_slot_hint,
@@ -50,7 +51,7 @@ INFO: Final = ProbeInfo(
     ),
     counters=(
         CounterInfo(ERRORS, "Socket syscalls that returned an error, by syscall and errno."),
-        CounterInfo(DROPPED, f"Calls not counted, by reason ({', '.join(DROP_REASONS)})."),
+        CounterInfo(DROPPED, drops_help("Calls", DROP_REASONS)),
         *outlier_counters(PROBE_NAME),
     ),
 )
@@ -71,6 +72,7 @@ class NetSyscallProbe(BccProbe):
 
     name = PROBE_NAME
     tracepoints = INFO.tracepoints
+    drop_reasons = DROP_REASONS
     has_outliers = True
 
     def __init__(
@@ -131,9 +133,7 @@ class NetSyscallProbe(BccProbe):
                 errno=errno_name(error.errno_value),
             )
             counters[(ERRORS, key)] = counters.get((ERRORS, key), 0) + int(count.value)
-        drops = bpf[b"netsyscall_dropped_events"]
-        for index, reason in enumerate(DROP_REASONS):
-            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        counters.update(self.drop_counters())
         per_cgroup: dict[int, Histogram] = {}
         for (cgroup_id, _), hist in latency.items():
             total = per_cgroup.get(cgroup_id)

@@ -16,6 +16,7 @@ from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Sn
 from tailsight.probes.bccprobe import (
     HIST_ROW,
     BccProbe,
+    drops_help,
     release_slots,
     slot_histograms,
     slot_ids,
@@ -66,7 +67,7 @@ INFO: Final = ProbeInfo(
             "the CPU (aggressor idle: the CPU was idle).",
         ),
         CounterInfo(DISPLACED_SWITCHES, "Switches in behind the aggressor, by victim."),
-        CounterInfo(DROPPED, f"Waits not counted, by reason ({', '.join(DROP_REASONS)})."),
+        CounterInfo(DROPPED, drops_help("Waits", DROP_REASONS)),
         CounterInfo(
             STEAL,
             "Time the hypervisor ran something else on this virtual CPU (steal time from "
@@ -111,6 +112,7 @@ class RunQueueProbe(BccProbe):
 
     name = PROBE_NAME
     tracepoints = INFO.tracepoints
+    drop_reasons = DROP_REASONS
     has_outliers = True
 
     def __init__(
@@ -168,9 +170,7 @@ class RunQueueProbe(BccProbe):
             key = (("aggressor", ids[a]), ("victim", ids[v]))
             counters[(DISPLACED_WAIT, key)] = wait_ns
             counters[(DISPLACED_SWITCHES, key)] = n
-        drops = bpf[b"runqueue_dropped_events"]
-        for index, reason in enumerate(DROP_REASONS):
-            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        counters.update(self.drop_counters())
         assert self.outliers is not None
         self.outliers.drain()
         self.outliers.update_thresholds(wait)

@@ -71,8 +71,8 @@
  *   /  lifetime                              62  P50  30.3 µs  P99 66.9 µs  (both ends)
  *
  * Lost samples are counted in tcpstate_dropped_events (DROP_* below).
- * Transitions the program never sees are counted by the kernel
- * (tailsight_bpf_program_missed_runs): a softirq that interrupts this program runs its own
+ * Transitions the program never sees are counted by the kernel and reported as drops with
+ * reason missed_run (probes/bccprobe.py): a softirq that interrupts this program runs its own
  * transitions while the program is active on that CPU, and the kernel's recursion guard skips
  * them -- on a loopback burst of 2 x 1,009 closes, hundreds in about one burst of five.
  *

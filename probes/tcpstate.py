@@ -37,6 +37,7 @@ from tailsight.probes.bccprobe import (
     HIST_ROW,
     BccProbe,
     delete_where,
+    drops_help,
     hash_map_fill,
     release_slots,
     slot_histograms,
@@ -105,7 +106,7 @@ INFO: Final = ProbeInfo(
             PEER_RETRANSMITS,
             "Retransmits by the cgroup's sockets towards a local socket of the victim cgroup.",
         ),
-        CounterInfo(DROPPED, f"Events not counted, by reason ({', '.join(DROP_REASONS)})."),
+        CounterInfo(DROPPED, drops_help("Events", DROP_REASONS)),
     ),
 )
 # include/net/tcp_states.h
@@ -157,6 +158,7 @@ class TcpStateProbe(BccProbe):
 
     name = PROBE_NAME
     tracepoints = INFO.tracepoints
+    drop_reasons = DROP_REASONS
 
     def __init__(
         self,
@@ -242,9 +244,7 @@ class TcpStateProbe(BccProbe):
         for pair, value in table_items(bpf[b"tcpstate_peer_retransmits"]):
             key = labels(cgroup=int(pair.cgroup_id), victim=int(pair.peer_cgroup_id))
             counters[(PEER_RETRANSMITS, key)] = int(value.value)
-        drops = bpf[b"tcpstate_dropped_events"]
-        for index, reason in enumerate(DROP_REASONS):
-            counters[(DROPPED, labels(reason=reason))] = int(drops.sum(index).value)
+        counters.update(self.drop_counters())
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
 
     def forget(self, cgroup_ids: set[int]) -> None:
