@@ -203,6 +203,13 @@ def sync_cgroup_allow(table: Any, wanted: set[int]) -> None:
 
 CONFIG_FILTER_ON: Final = 0
 """Slot of ``<name>_config`` that turns the cgroup filter on (every probe's source has it)."""
+
+
+def set_config(bpf: Any, probe: str, slot: int, value: int) -> None:
+    """Write slot ``slot`` of the probe's ``<probe>_config`` array (u32 values user space sets)."""
+    bpf[f"{probe}_config".encode()][ctypes.c_int(slot)] = ctypes.c_uint32(value)
+
+
 MISSED_RUN: Final = "missed_run"
 """Drop reason of the events the kernel did not run a program for (fdinfo ``recursion_misses``:
 the program was already running on that CPU, e.g. interrupted by a softirq that fired the same
@@ -319,8 +326,7 @@ class BccProbe:
     def _sync_filter(self) -> None:
         bpf = self._bpf
         sync_cgroup_allow(bpf[f"{self.name}_cgroup_allow".encode()], self._filter or set())
-        config = bpf[f"{self.name}_config".encode()]
-        config[ctypes.c_int(CONFIG_FILTER_ON)] = ctypes.c_uint32(self._filter is not None)
+        set_config(bpf, self.name, CONFIG_FILTER_ON, self._filter is not None)
 
     def _close_mapped(self) -> None:
         for mapped in self._mapped.values():

@@ -25,6 +25,7 @@ from tailsight.probes.bccprobe import (
     MappedArray,
     drops_help,
     release_slots,
+    set_config,
     slot_ids,
     steer_slot_hint,
 )
@@ -187,12 +188,12 @@ class MigrationProbe(BccProbe):
 
     def read(self) -> Snapshot:
         """Cumulative per-cgroup counters, drops and host-wide page migration, as of now."""
-        self._require_bpf()
+        bpf = self._require_bpf()
         taken_ns = time.time_ns()
         counters: dict[tuple[str, Labels], int] = {}
-        cgroup_of = slot_ids(self._bpf[b"migration_slots"])
+        cgroup_of = slot_ids(bpf[b"migration_slots"])
         slots = sorted(cgroup_of)
-        steer_slot_hint(self._bpf, PROBE_NAME, slots, 0, MAX_SLOTS)
+        steer_slot_hint(bpf, PROBE_NAME, slots, 0, MAX_SLOTS)
         rows = self._mapped_counts().array[:, slots, : len(KINDS)].sum(axis=0)
         for row, slot in zip(rows, slots, strict=True):
             for kind in row.nonzero()[0]:
@@ -204,14 +205,14 @@ class MigrationProbe(BccProbe):
 
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' counter rows and give their slots back."""
-        self._require_bpf()
-        table = self._bpf[b"migration_slots"]
+        bpf = self._require_bpf()
+        table = bpf[b"migration_slots"]
         gone = sorted(
             slot for slot, cgroup_id in slot_ids(table).items() if cgroup_id in cgroup_ids
         )
         if gone:
             self._mapped_counts().zero(np.s_[:, gone])
-            release_slots(self._bpf, PROBE_NAME, [table.Key(cgroup_id) for cgroup_id in cgroup_ids])
+            release_slots(bpf, PROBE_NAME, [table.Key(cgroup_id) for cgroup_id in cgroup_ids])
 
     def _mapped_counts(self) -> MappedArray:
         return self.mapped("migration_counts", np.uint64, (self._cpu_ids, MAX_SLOTS, KINDS_ROW))
@@ -230,10 +231,6 @@ def _has_tracepoint(btf: Any, name: str) -> bool:
     except BtfError:
         return False
     return True
-
-
-def _set_config(bpf: Any, slot: int, value: int) -> None:
-    bpf[b"migration_config"][ctypes.c_int(slot)] = ctypes.c_uint32(value)
 
 
 def _kernel_tid(tid: int) -> int:
@@ -263,14 +260,14 @@ def check_task_cpu_offset(bpf: Any, cpu_offset: int) -> bool:
         try:
             tid = _kernel_tid(threading.get_native_id())
             os.sched_setaffinity(0, {source_cpu})  # 0: the calling thread
-            _set_config(bpf, _CONFIG_SELFCHECK_TID, tid)
+            set_config(bpf, PROBE_NAME, _CONFIG_SELFCHECK_TID, tid)
             bpf[b"migration_selfcheck_record"].clear()
             os.sched_setaffinity(0, {dest_cpu})
             outcome.append(bpf[b"migration_selfcheck_record"][ctypes.c_int(0)])
         except BaseException as error:
             outcome.append(error)
         finally:
-            _set_config(bpf, _CONFIG_SELFCHECK_TID, 0)
+            set_config(bpf, PROBE_NAME, _CONFIG_SELFCHECK_TID, 0)
 
     worker = threading.Thread(target=move_self, name="tailsight-cpucheck")
     worker.start()

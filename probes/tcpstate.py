@@ -40,6 +40,7 @@ from tailsight.probes.bccprobe import (
     drops_help,
     hash_map_fill,
     release_slots,
+    set_config,
     slot_histograms,
     table_items,
 )
@@ -282,11 +283,6 @@ class TcpStateProbe(BccProbe):
         return self.mapped("tcpstate_socks", SOCK_ENTRY, (1 << SOCK_SET_BITS, SOCK_WAYS)).array
 
 
-def _set_config(bpf: Any, slot: int, value: int) -> None:
-    table = bpf[b"tcpstate_config"]
-    table[ctypes.c_int(slot)] = ctypes.c_uint32(value)
-
-
 def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 2.0) -> None:
     """Connect on loopback from this process and compare what the probe read with the truth.
 
@@ -299,8 +295,8 @@ def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         listen_port = int(listener.getsockname()[1])
-        _set_config(bpf, _CONFIG_SELFCHECK_PORT, listen_port)
-        stack.callback(_set_config, bpf, _CONFIG_SELFCHECK_PORT, 0)
+        set_config(bpf, PROBE_NAME, _CONFIG_SELFCHECK_PORT, listen_port)
+        stack.callback(set_config, bpf, PROBE_NAME, _CONFIG_SELFCHECK_PORT, 0)
         client = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
         # Reset on close: the socket reaches CLOSE at once, while its events are still ours.
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
