@@ -155,7 +155,8 @@ BPF_HASH(netsyscall_outlier_threshold, u64, u64, NETSYSCALL_MAX_SERIES);
 BPF_PERCPU_ARRAY(netsyscall_outlier_rate, struct outlier_bucket, 1);
 BPF_PERCPU_ARRAY(netsyscall_outlier_dropped, u64, OUTLIER_DROP_REASONS);
 /* The cgroup filter, set by user space at any time (probes/bccprobe.py): slot CONFIG_FILTER_ON
- * of netsyscall_config says whether it is on, netsyscall_cgroup_allow holds the ids it lets through. */
+ * of netsyscall_config says whether it is on, netsyscall_cgroup_allow holds the ids it lets
+ * through. */
 BPF_ARRAY(netsyscall_config, u32, CONFIG_SLOTS);
 BPF_HASH(netsyscall_cgroup_allow, u64, u8, NETSYSCALL_MAX_SERIES);
 

@@ -168,8 +168,9 @@ def _assert_counted(count: int, expected: int, missed: int, evidence: str) -> No
 
 def _evidence(probe: TcpStateProbe, interval: Snapshot, start_ns: int, port: int) -> str:
     """Where a missing sample went: the probe's drops (``missed_run``, the runs the kernel
-    skipped, explained the 31 connects but 24 lifetimes CI once saw), the states of the sockets
-    still tracked since the test began, and the kernel's own table of the server port's sockets."""
+    skipped: most likely behind the 31 connects but 24 lifetimes CI once saw, which left no
+    evidence to check), the states of the sockets still tracked since the test began, and the
+    kernel's own table of the server port's sockets."""
     drops = _drops(interval)
     socks = probe.tracked_sockets()
     live = socks[(socks["entered_ns"] >= start_ns) & (socks["sk"] != 0)]
