@@ -26,6 +26,8 @@ from tailsight.probes.catalog import PROBES, create_probe
 FORGET_EVERY_INTERVALS: Final = 30
 """How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
 is forgotten at the check after the one that found it gone."""
+FULL_COLLECTION_EVERY_INTERVALS: Final = 60
+"""How often a running agent collects cyclic garbage (automatic collection is off meanwhile)."""
 
 if TYPE_CHECKING:
     from tailsight.collector.cgroups import CgroupResolver
@@ -97,6 +99,7 @@ class Agent:
     started_ns: int = 0  # wall clock just before the baseline reads
     forgotten_cgroups: int = 0
     _removed: set[int] = field(default_factory=set)  # found removed, forgotten at next check
+    _restore_gc: bool = False  # automatic collection was on before ``start`` turned it off
 
     def probe_names(self) -> list[str]:
         """The configured probes, or every probe in the catalog."""
@@ -139,9 +142,15 @@ class Agent:
             self.attached[name] = _Attached(probe, first, status)
         self.started = list(self.attached)
         # What start-up built (bcc's tables and modules, the probes' state) lives as long as the
-        # agent: frozen out of the full collections that a busy host's intervals trigger every
-        # few seconds (100 busy cgroups: 20 -> 5 ms of collection per interval, one run each).
+        # agent: frozen out of every collection.  Automatic collection is off while the agent
+        # runs: an interval leaves thousands of objects that live on for an interval or a window
+        # (snapshots, window parts), so a busy host ran a full collection every few intervals
+        # (100 busy cgroups: 13 ms per interval on average; one pass over the ~80k live objects
+        # costs 40-70 ms) to find the few dozen cyclic objects ten intervals leave (bcc's ctypes
+        # types).  ``tick`` collects them every FULL_COLLECTION_EVERY_INTERVALS instead.
         gc.freeze()
+        self._restore_gc = gc.isenabled()
+        gc.disable()
         self.last_end_ns = max(
             (a.previous.taken_ns for a in self.attached.values()), default=time.time_ns()
         )
@@ -230,6 +239,8 @@ class Agent:
         self.intervals += 1
         if self.intervals % FORGET_EVERY_INTERVALS == 0:
             self._forget_removed_cgroups()
+        if self.intervals % FULL_COLLECTION_EVERY_INTERVALS == 0:
+            gc.collect()
         self.last_tick_cpu_s = time.process_time() - began_cpu
         if failed is not None:
             raise failed
@@ -304,6 +315,9 @@ class Agent:
             del self.attached[name]
         if self.writer is not None:
             self.writer.close()
+        if self._restore_gc:
+            self._restore_gc = False
+            gc.enable()
 
 
 def _close_quietly(probe: Probe) -> None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +20,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"kernel test skipped under TAILSIGHT_REQUIRE_KERNEL=1: {reason}"
+
+
+@pytest.fixture(autouse=True)
+def automatic_gc_back_on() -> Iterator[None]:
+    """A running Agent turns automatic collection off until its close(); tests that leave an
+    agent unclosed must not leave it off for the rest of the session."""
+    yield
+    gc.enable()
 
 
 @pytest.fixture(scope="session")

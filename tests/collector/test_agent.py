@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import itertools
 import json
 import os
@@ -17,13 +18,19 @@ import sys
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tailsight.collector.agent import FORGET_EVERY_INTERVALS, Agent, RecordingFailed
+from tailsight.collector.agent import (
+    FORGET_EVERY_INTERVALS,
+    FULL_COLLECTION_EVERY_INTERVALS,
+    Agent,
+    RecordingFailed,
+)
 from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
@@ -172,6 +179,42 @@ def test_removed_cgroups_are_forgotten_after_their_last_interval(
         assert series.hist == Histogram.from_samples(step[ids["/a"]])
         b = [s.hist for s in doc.series if s.labels.get("cgroup") in ("/b", "unknown")]
         assert b == [Histogram.from_samples(step[ids["/b"]])]
+
+
+def test_cyclic_garbage_is_collected_on_schedule_and_gc_restored_on_close(
+    tree: tuple[CgroupResolver, dict[str, int]],
+) -> None:
+    """Automatic collection is off while the agent runs: a reference cycle made during the
+    intervals lives until the scheduled full collection, not longer; close() turns it back on."""
+    resolver, ids = tree
+    every = FULL_COLLECTION_EVERY_INTERVALS
+    probe = FakeProbe("runqueue", script(ids, every + 1, seed=5))
+    agent = Agent(
+        CollectorConfig(probes=("runqueue",)),
+        resolver,
+        log=lambda m: None,
+        create_probe=lambda name: probe,
+    )
+    assert gc.isenabled()
+    agent.start()
+    try:
+        assert not gc.isenabled()
+
+        class Node:
+            pass
+
+        cycle = Node()
+        cycle.self = cycle  # type: ignore[attr-defined]
+        alive = weakref.ref(cycle)
+        del cycle
+        for _ in range(every - 1):
+            agent.tick()
+        assert alive() is not None  # no automatic collection found it
+        agent.tick()  # the scheduled one
+        assert alive() is None
+    finally:
+        agent.close()
+    assert gc.isenabled()
 
 
 def test_first_interval_holds_no_events_from_before_the_last_attach(
