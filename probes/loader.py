@@ -215,9 +215,14 @@ class ProgramStats(NamedTuple):
 
 
 def read_program_stats(proc_root: Path, fd: int) -> ProgramStats | None:
-    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent."""
+    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent.  Read with
+    os.open/os.read (7 vs 24 µs through pathlib here): every probe reads it every interval."""
     try:
-        text = (proc_root / "self" / "fdinfo" / str(fd)).read_text(encoding="utf-8")
+        info = os.open(f"{proc_root}/self/fdinfo/{fd}", os.O_RDONLY)
+        try:
+            text = os.read(info, 1 << 16).decode("utf-8", errors="replace")
+        finally:
+            os.close(info)
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
