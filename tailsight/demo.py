@@ -265,9 +265,10 @@ class LiveView:
                     self.scene.verdicts.append(line)
 
     def victim_p99_us(self, last: int) -> float:
-        from tailsight.cli.trace_view import interval_p99s_ns
+        from tailsight.cli.trace_view import HeatInterval, interval_p99s_ns
 
-        p99s = [p for p in interval_p99s_ns(self.intervals[-last:], self.victim) if p == p]
+        heat = [HeatInterval.of(d) for d in self.intervals[-last:]]
+        p99s = [p for p in interval_p99s_ns(heat, self.victim) if p == p]
         return max(p99s, default=float("nan")) / 1e3
 
     def phase(self) -> str:
@@ -295,7 +296,7 @@ class LiveView:
         from rich.console import Group
         from rich.text import Text
 
-        from tailsight.cli.trace_view import render
+        from tailsight.cli.trace_view import HeatInterval, render
 
         window = window_document(self.intervals[-10:], self.scene.ours)
         verdict = self.scene.verdicts[-1] if self.scene.verdicts else "none yet"
@@ -306,7 +307,7 @@ class LiveView:
                 window,
                 "run-queue wait of the demo's cgroups, last 5 s",
                 selection=self.victim,
-                intervals=self.intervals,
+                intervals=[HeatInterval.of(d) for d in self.intervals],
                 height=max(12, int(getattr(self.console, "height", 40)) - 4),
             ),
         )

@@ -17,6 +17,7 @@ from tailsight.cli.trace_view import (
     HISTORY_INTERVALS,
     KEY_QUIT,
     VIEW_WIDTH,
+    HeatInterval,
     KeySource,
     Selection,
     apply_key,
@@ -48,7 +49,7 @@ class LiveResult:
     """What a live trace leaves: the whole run, its last intervals and the final selection."""
 
     summary: HistDocument
-    intervals: list[HistDocument]
+    intervals: list[HeatInterval]
     selection: Selection | None
 
 
@@ -67,7 +68,7 @@ def run_live(
 
     from tailsight.collector.agent import run_every
 
-    intervals: deque[HistDocument] = deque(maxlen=HISTORY_INTERVALS)
+    intervals: deque[HeatInterval] = deque(maxlen=HISTORY_INTERVALS)
     document, _ = session.advance()  # the moments since the session opened: not an interval
     selection = resolve_selection(document, selection)
     height = max(10, int(getattr(console, "height", 40)) - 1)
@@ -108,7 +109,7 @@ def run_live(
             nonlocal document, selection
             session.refresh_filter()
             document, interval = session.advance()
-            intervals.append(interval)
+            intervals.append(HeatInterval.of(interval))
             selection = resolve_selection(document, selection)
             live.update(view(), refresh=True)
 

@@ -225,7 +225,7 @@ def render(
     title: str,
     top: int = 5,
     selection: Selection | None = None,
-    intervals: Sequence[HistDocument] = (),
+    intervals: Sequence[HeatInterval] = (),
     height: int | None = None,
     keys_help: bool = False,
 ) -> RenderableType:
@@ -419,27 +419,62 @@ class Band:
     counts: tuple[int, ...]
 
 
-def _series_in(document: HistDocument, selection: Selection) -> Histogram | None:
-    for s in document.series:
-        if series_key(s.labels) == selection.key:
-            return s.hist
-    return None
+SparseHistogram = tuple["npt.NDArray[np.intp]", "npt.NDArray[np.int64]", int, int]
+"""A histogram's non-zero buckets: (index, count), then overflow and sum_ns."""
 
 
-def band_counts(intervals: Sequence[HistDocument], selection: Selection) -> npt.NDArray[np.int64]:
+@dataclass(frozen=True)
+class HeatInterval:
+    """One interval's series as their non-zero buckets (index, count, overflow, sum), what the
+    heatmap keeps of it.  The live view holds HISTORY_INTERVALS of them; whole documents (a dense
+    16 KiB row per series, and every counter) grew `trace` by ~6 MiB an interval at 30 busy
+    cgroups, to ~390 MiB."""
+
+    start_ns: int
+    end_ns: int
+    parts: Mapping[SeriesKey, SparseHistogram]
+
+    @classmethod
+    def of(cls, document: HistDocument) -> HeatInterval:
+        from tailsight.hist import nonzero_index
+
+        parts: dict[SeriesKey, SparseHistogram] = {}
+        for s in document.series:
+            index = nonzero_index(s.hist.counts)
+            parts.setdefault(
+                series_key(s.labels), (index, s.hist.counts[index], s.hist.overflow, s.hist.sum_ns)
+            )
+        return cls(document.start_ns, document.end_ns, parts)
+
+    def histogram(self, key: SeriesKey) -> Histogram | None:
+        """The series' interval histogram (None: no events in it)."""
+        import numpy as np
+
+        from tailsight.hist import NUM_BUCKETS, Histogram
+
+        part = self.parts.get(key)
+        if part is None:
+            return None
+        index, counts, overflow, sum_ns = part
+        dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        dense[index] = counts
+        return Histogram._trusted(dense, overflow, sum_ns)
+
+
+def band_counts(intervals: Sequence[HeatInterval], selection: Selection) -> npt.NDArray[np.int64]:
     """Counts per HEAT_BOUNDS_NS band (rows, lowest first) and interval (columns), exact."""
     import numpy as np
 
     matrix = np.zeros((len(HEAT_BOUNDS_NS) + 1, len(intervals)), dtype=np.int64)
-    for column, document in enumerate(intervals):
-        hist = _series_in(document, selection)
+    for column, interval in enumerate(intervals):
+        hist = interval.histogram(selection.key)
         if hist is not None:
             matrix[:, column] = hist.rebucket(HEAT_BOUNDS_NS)
     return matrix
 
 
 def heat_bands(
-    intervals: Sequence[HistDocument], selection: Selection, max_rows: int = HEAT_MAX_ROWS
+    intervals: Sequence[HeatInterval], selection: Selection, max_rows: int = HEAT_MAX_ROWS
 ) -> list[Band]:
     """The bands from the lowest to the highest non-empty one, adjacent bands merged (still exact
     unions of 5 µs buckets) when there are more than ``max_rows``; lowest band first."""
@@ -485,11 +520,11 @@ def _short_duration(value_ns: float) -> str:
     return f"{value_ns / 1_000:.3g}µs"
 
 
-def interval_p99s_ns(intervals: Sequence[HistDocument], selection: Selection) -> list[float]:
+def interval_p99s_ns(intervals: Sequence[HeatInterval], selection: Selection) -> list[float]:
     """The selected series' exact P99 per interval (from its full 5 µs histogram; nan: none)."""
     p99s = []
-    for document in intervals:
-        hist = _series_in(document, selection)
+    for interval in intervals:
+        hist = interval.histogram(selection.key)
         p99s.append(math.nan if hist is None else hist.quantile(0.99))
     return p99s
 
@@ -508,7 +543,7 @@ def _p99_line(p99s: list[float], cell: int) -> str:
 
 
 def heatmap(
-    intervals: Sequence[HistDocument], selection: Selection, width: int = VIEW_WIDTH
+    intervals: Sequence[HeatInterval], selection: Selection, width: int = VIEW_WIDTH
 ) -> RenderableType:
     """The selected series' histogram over the last intervals (newest right), rows are latency
     bands (highest on top), shade = events in the interval; below, its exact per-interval P99."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import random
 import time
 from collections.abc import Sequence
 
@@ -26,6 +27,7 @@ from tailsight.cli.trace_view import (
     KEY_QUIT,
     KEY_UP,
     VIEW_WIDTH,
+    HeatInterval,
     Selection,
     apply_key,
     decode_keys,
@@ -45,16 +47,37 @@ VICTIM = {"probe": "runqueue", "cgroup": "/victim"}
 VICTIM_SELECTION = Selection("runqueue", series_key(VICTIM))
 
 
-def interval_docs(samples: Sequence[Sequence[int]], labels: dict[str, str]) -> list[HistDocument]:
-    """One document per interval holding one series made from raw samples (ns)."""
+def interval_docs(samples: Sequence[Sequence[int]], labels: dict[str, str]) -> list[HeatInterval]:
+    """One interval per entry holding one series made from raw samples (ns), as the live view
+    keeps it."""
     return [
-        HistDocument(
-            i * INTERVAL_NS,
-            (i + 1) * INTERVAL_NS,
-            [Series(labels, Histogram.from_samples(list(values)))] if values else [],
+        HeatInterval.of(
+            HistDocument(
+                i * INTERVAL_NS,
+                (i + 1) * INTERVAL_NS,
+                [Series(labels, Histogram.from_samples(list(values)))] if values else [],
+            )
         )
         for i, values in enumerate(samples)
     ]
+
+
+def test_heat_interval_keeps_each_series_exactly_in_its_nonzero_buckets() -> None:
+    rng = random.Random(7)
+    hists = {
+        name: Histogram.from_samples([rng.randrange(0, 3 * 10**9) for _ in range(n)])
+        for name, n in (("/victim", 1009), ("/noisy", 13))
+    }
+    document = HistDocument(
+        0, INTERVAL_NS, [Series({"probe": "runqueue", "cgroup": c}, h) for c, h in hists.items()]
+    )
+    kept = HeatInterval.of(document)
+    for cgroup, hist in hists.items():
+        key = series_key({"probe": "runqueue", "cgroup": cgroup})
+        assert kept.histogram(key) == hist
+        index, counts, _, _ = kept.parts[key]
+        assert len(index) == len(counts) == sum(1 for n in hist.counts if n)
+    assert kept.histogram(series_key({"probe": "runqueue", "cgroup": "/gone"})) is None
 
 
 def naive_band_count(values: Sequence[int], lower_ns: int, upper_ns: int | None) -> int:
@@ -376,13 +399,9 @@ def test_live_loop_moves_selection_and_quits_on_q() -> None:
     assert len(result.intervals) == session.advances - 1
     (a,) = result.summary.find(cgroup="/a")
     assert a.hist.count == 3 * session.advances
-    in_intervals = sum(
-        s.hist.count
-        for i in result.intervals
-        for s in i.series
-        if s.labels == {"probe": "runqueue", "cgroup": "/a"}
-    )
-    assert in_intervals == 3 * len(result.intervals)
+    a_key = series_key({"probe": "runqueue", "cgroup": "/a"})
+    in_intervals = [i.histogram(a_key) for i in result.intervals]
+    assert sum(h.count for h in in_intervals if h is not None) == 3 * len(result.intervals)
 
 
 def test_live_loop_without_keys_runs_for_the_duration() -> None:
@@ -392,4 +411,5 @@ def test_live_loop_without_keys_runs_for_the_duration() -> None:
     assert 3 <= len(result.intervals) <= 5
     assert session.filters == len(result.intervals)
     for interval in result.intervals:
-        assert [s.hist.count for s in interval.series] == [3, 1]
+        counts = [interval.histogram(key).count for key in interval.parts]  # type: ignore[union-attr]
+        assert counts == [3, 1]
