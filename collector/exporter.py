@@ -24,6 +24,7 @@ from tailsight.hist import (
     NUM_BUCKETS,
     TAIL_BUCKETS,
     Histogram,
+    SparseHistogram,
     bucket_upper_bounds_ns,
     nonzero_index,
 )
@@ -149,37 +150,6 @@ class RecordingStatus:
 
 
 @dataclass(slots=True)
-class _Sparse:
-    """A histogram's non-zero buckets (window storage: dense copies would cost 16 KiB each)."""
-
-    index: npt.NDArray[np.int64]
-    count: npt.NDArray[np.int64]
-    overflow: int
-    sum_ns: int
-
-    @classmethod
-    def of(cls, hist: Histogram) -> _Sparse:
-        index = nonzero_index(hist.counts)
-        return cls(index, hist.counts[index], hist.overflow, hist.sum_ns)
-
-    @property
-    def total(self) -> int:
-        """Observations, overflow included (a Python sum: numpy's costs 3x on ~40 buckets)."""
-        counts: list[int] = self.count.tolist()
-        return sum(counts) + self.overflow
-
-    def add_to(self, dense: Histogram) -> None:
-        dense.counts[self.index] += self.count
-        dense.overflow += self.overflow
-        dense.sum_ns += self.sum_ns
-
-    def subtract_from(self, dense: Histogram) -> None:
-        dense.counts[self.index] -= self.count
-        dense.overflow -= self.overflow
-        dense.sum_ns -= self.sum_ns
-
-
-@dataclass(slots=True)
 class _Fold:
     """How one raw series is exported: its family, labels after top-K folding, counter scale;
     and its probe and cgroups, to know when it folds differently."""
@@ -235,10 +205,10 @@ class _Window:
     """Running sums per raw series over the last ``span_s`` of intervals."""
 
     def __init__(self, span_s: float) -> None:
-        self.sliding: _Sliding[LabelKey, _Sparse] = _Sliding(int(span_s * 1e9))
+        self.sliding: _Sliding[LabelKey, SparseHistogram] = _Sliding(int(span_s * 1e9))
         self.sums: dict[LabelKey, Histogram] = {}
 
-    def add(self, end_ns: int, sparse: dict[LabelKey, _Sparse]) -> None:
+    def add(self, end_ns: int, sparse: dict[LabelKey, SparseHistogram]) -> None:
         for key, part in sparse.items():
             dense = self.sums.get(key)
             if dense is None:
@@ -286,7 +256,7 @@ class PrometheusExporter:
         self._cumulative: dict[tuple[str, LabelKey], _Cumulative] = {}
         self._counters: dict[tuple[str, LabelKey], tuple[float, int]] = {}
         self._last: HistDocument | None = None
-        self._last_sparse: dict[LabelKey, _Sparse] = {}
+        self._last_sparse: dict[LabelKey, SparseHistogram] = {}
         self.probes: dict[str, ProbeStatus] = {}
         self.intervals = 0
         self.last_update_s = 0.0
@@ -308,7 +278,9 @@ class PrometheusExporter:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
         raws = [key_of(s) for s in document.series]
-        sparse = {raw: _Sparse.of(s.hist) for raw, s in zip(raws, document.series, strict=True)}
+        sparse = {
+            raw: SparseHistogram.of(s.hist) for raw, s in zip(raws, document.series, strict=True)
+        }
         if self.pods is not None:  # outside the lock: this may ask the kubelet
             labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
             self.pods.observe({v for labels in labelled for v in _cgroups(labels)})
@@ -380,7 +352,10 @@ class PrometheusExporter:
         self._folds_indexed = sum(len(fold.cgroups) for fold in self._folds.values())
 
     def _rank(
-        self, document: HistDocument, raws: list[LabelKey], sparse: Mapping[LabelKey, _Sparse]
+        self,
+        document: HistDocument,
+        raws: list[LabelKey],
+        sparse: Mapping[LabelKey, SparseHistogram],
     ) -> None:
         """Re-pick each probe's top-K cgroups; those dropped lose their series."""
         counts: dict[tuple[str, str], int] = {}
@@ -511,11 +486,11 @@ class PrometheusExporter:
         return out
 
     def _quantile_families(self) -> list[Family]:
-        views: list[tuple[str, Mapping[LabelKey, _Sparse | Histogram]]] = []
+        views: list[tuple[str, Mapping[LabelKey, SparseHistogram | Histogram]]] = []
         if self._last is not None:
             views.append((window_label(self.config.interval_s), self._last_sparse))
         views += [(label, window.sums) for label, window in self._windows.items()]
-        grouped: dict[str, dict[LabelKey, list[_Sparse | Histogram]]] = {}
+        grouped: dict[str, dict[LabelKey, list[SparseHistogram | Histogram]]] = {}
         for window, parts in views:
             for raw, part in parts.items():
                 base, folded, _ = self._folded_key("", raw)
@@ -762,7 +737,7 @@ def _special(value: float) -> str:
 
 
 def _quantiles_ns(
-    groups: Sequence[Sequence[_Sparse | Histogram]], qs: Sequence[float]
+    groups: Sequence[Sequence[SparseHistogram | Histogram]], qs: Sequence[float]
 ) -> list[list[float] | None]:
     """``Histogram.quantiles`` of the sum of each group's parts, for every group at once from
     their non-zero buckets only (a window's dense sums are 2,000+ buckets, mostly empty; one
@@ -810,14 +785,14 @@ def _quantiles_ns(
 
 
 def _merged_nonzero(
-    parts: Sequence[_Sparse | Histogram],
+    parts: Sequence[SparseHistogram | Histogram],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
     """The non-zero buckets (index, count) and overflow of the sum of ``parts``."""
     if len(parts) == 1:
         return _nonzero(parts[0])
     # "other": dozens of parts. One bincount over the sparse ones (float64 counts are exact
     # below 2^53), plain adds for the dense ones.
-    sparse = [part for part in parts if isinstance(part, _Sparse)]
+    sparse = [part for part in parts if isinstance(part, SparseHistogram)]
     dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
     if sparse:
         indices = np.concatenate([part.index for part in sparse])
@@ -830,8 +805,10 @@ def _merged_nonzero(
     return index, dense[index], sum(part.overflow for part in parts)
 
 
-def _nonzero(part: _Sparse | Histogram) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-    if isinstance(part, _Sparse):
+def _nonzero(
+    part: SparseHistogram | Histogram,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    if isinstance(part, SparseHistogram):
         return part.index, part.count, part.overflow
     index = nonzero_index(part.counts)
     return index, part.counts[index], part.overflow

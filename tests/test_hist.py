@@ -18,6 +18,7 @@ from tailsight.hist import (
     NUM_BUCKETS,
     TAIL_BUCKETS,
     Histogram,
+    SparseHistogram,
     bucket_index,
     bucket_indices,
     bucket_upper_bounds_ns,
@@ -260,6 +261,20 @@ def test_sparse_round_trip(hist: Histogram) -> None:
     indices = [i for i, _ in hist.sparse_buckets()]
     assert indices == sorted(set(indices))
     assert all(c > 0 for _, c in hist.sparse_buckets())
+
+
+@given(histograms(), histograms())
+def test_sparse_histogram_keeps_exactly_the_nonzero_buckets(hist: Histogram, g: Histogram) -> None:
+    sparse = SparseHistogram.of(hist)
+    naive = [(i, int(n)) for i, n in enumerate(hist.counts.tolist()) if n]
+    assert list(zip(sparse.index.tolist(), sparse.count.tolist(), strict=True)) == naive
+    assert sparse.total == hist.count
+    assert sparse.dense() == hist
+    total = g.copy()
+    sparse.add_to(total)
+    assert total == g.merge(hist)
+    sparse.subtract_from(total)
+    assert total == g
 
 
 @given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=NUM_BUCKETS))

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
 
-    from tailsight.hist import Histogram
+    from tailsight.hist import Histogram, SparseHistogram
     from tailsight.histfile import HistDocument, Series
 
 VIEW_WIDTH: Final = 80
@@ -419,16 +419,11 @@ class Band:
     counts: tuple[int, ...]
 
 
-SparseHistogram = tuple["npt.NDArray[np.intp]", "npt.NDArray[np.int64]", int, int]
-"""A histogram's non-zero buckets: (index, count), then overflow and sum_ns."""
-
-
 @dataclass(frozen=True)
 class HeatInterval:
-    """One interval's series as their non-zero buckets (index, count, overflow, sum), what the
-    heatmap keeps of it.  The live view holds HISTORY_INTERVALS of them; whole documents (a dense
-    16 KiB row per series, and every counter) grew `trace` by ~6 MiB an interval at 30 busy
-    cgroups, to ~390 MiB."""
+    """One interval's series as their non-zero buckets, what the heatmap keeps of it.  The live
+    view holds HISTORY_INTERVALS of them; whole documents (a dense 16 KiB row per series, and
+    every counter) grew `trace` by ~6 MiB an interval at 30 busy cgroups, to ~390 MiB."""
 
     start_ns: int
     end_ns: int
@@ -436,29 +431,17 @@ class HeatInterval:
 
     @classmethod
     def of(cls, document: HistDocument) -> HeatInterval:
-        from tailsight.hist import nonzero_index
+        from tailsight.hist import SparseHistogram
 
         parts: dict[SeriesKey, SparseHistogram] = {}
         for s in document.series:
-            index = nonzero_index(s.hist.counts)
-            parts.setdefault(
-                series_key(s.labels), (index, s.hist.counts[index], s.hist.overflow, s.hist.sum_ns)
-            )
+            parts.setdefault(series_key(s.labels), SparseHistogram.of(s.hist))
         return cls(document.start_ns, document.end_ns, parts)
 
     def histogram(self, key: SeriesKey) -> Histogram | None:
         """The series' interval histogram (None: no events in it)."""
-        import numpy as np
-
-        from tailsight.hist import NUM_BUCKETS, Histogram
-
         part = self.parts.get(key)
-        if part is None:
-            return None
-        index, counts, overflow, sum_ns = part
-        dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
-        dense[index] = counts
-        return Histogram._trusted(dense, overflow, sum_ns)
+        return None if part is None else part.dense()
 
 
 def band_counts(intervals: Sequence[HeatInterval], selection: Selection) -> npt.NDArray[np.int64]:

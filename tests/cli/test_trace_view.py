@@ -75,8 +75,8 @@ def test_heat_interval_keeps_each_series_exactly_in_its_nonzero_buckets() -> Non
     for cgroup, hist in hists.items():
         key = series_key({"probe": "runqueue", "cgroup": cgroup})
         assert kept.histogram(key) == hist
-        index, counts, _, _ = kept.parts[key]
-        assert len(index) == len(counts) == sum(1 for n in hist.counts if n)
+        part = kept.parts[key]
+        assert len(part.index) == len(part.count) == sum(1 for n in hist.counts if n)
     assert kept.histogram(series_key({"probe": "runqueue", "cgroup": "/gone"})) is None
 
 

@@ -23,12 +23,11 @@ from tailsight.collector.exporter import (
     ProbeStatus,
     PrometheusExporter,
     _quantiles_ns,
-    _Sparse,
     counter_metric,
     metric_base,
     window_label,
 )
-from tailsight.hist import BUCKET_WIDTH_NS, Histogram, bucket_upper_bounds_ns
+from tailsight.hist import BUCKET_WIDTH_NS, Histogram, SparseHistogram, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument, Series
 
 T0_NS = 1_700_000_000 * 10**9
@@ -468,7 +467,7 @@ def test_sparse_quantiles_equal_histogram_quantiles(groups: list) -> None:
     expected = []
     for group in groups:
         hists = [(Histogram.from_samples(np.array(v, dtype=np.int64)), d) for v, d in group]
-        parts_of_groups.append([h if d else _Sparse.of(h) for h, d in hists])
+        parts_of_groups.append([h if d else SparseHistogram.of(h) for h, d in hists])
         merged = sum((h for h, _ in hists), Histogram.empty())
         expected.append(merged.quantiles(qs) if merged.count else None)
     assert _quantiles_ns(parts_of_groups, qs) == expected
