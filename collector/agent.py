@@ -146,8 +146,8 @@ class Agent:
         # runs: an interval leaves thousands of objects that live on for an interval or a window
         # (snapshots, window parts), so a busy host ran a full collection every few intervals
         # (100 busy cgroups: 13 ms per interval on average; one pass over the ~80k live objects
-        # costs 40-70 ms) to find the few dozen cyclic objects ten intervals leave (bcc's ctypes
-        # types).  ``tick`` collects them every FULL_COLLECTION_EVERY_INTERVALS instead.
+        # costs 40-125 ms here) to find the few dozen cyclic objects ten intervals leave (bcc's
+        # ctypes types).  ``tick`` collects them every FULL_COLLECTION_EVERY_INTERVALS instead.
         gc.freeze()
         self._restore_gc = gc.isenabled()
         gc.disable()

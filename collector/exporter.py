@@ -808,10 +808,8 @@ def _merged_nonzero(
 def _nonzero(
     part: SparseHistogram | Histogram,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-    if isinstance(part, SparseHistogram):
-        return part.index, part.count, part.overflow
-    index = nonzero_index(part.counts)
-    return index, part.counts[index], part.overflow
+    sparse = part if isinstance(part, SparseHistogram) else SparseHistogram.of(part)
+    return sparse.index, sparse.count, sparse.overflow
 
 
 def _what_label(labels: Mapping[str, str]) -> str | None:
