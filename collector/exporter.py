@@ -278,9 +278,7 @@ class PrometheusExporter:
         """Add one interval (series labels carry cgroup paths, as from ``Snapshot.to_document``)."""
         began = time.perf_counter()
         raws = [key_of(s) for s in document.series]
-        sparse = {
-            raw: SparseHistogram.of(s.hist) for raw, s in zip(raws, document.series, strict=True)
-        }
+        sparse = {raw: s.sparse for raw, s in zip(raws, document.series, strict=True)}
         if self.pods is not None:  # outside the lock: this may ask the kubelet
             labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
             self.pods.observe({v for labels in labelled for v in _cgroups(labels)})

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import zstandard
 
-from tailsight.hist import NUM_BUCKETS, Histogram, nonzero_index
+from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.histfile import (
     Counter,
     HistDocument,
@@ -96,13 +96,9 @@ def _pack_interval(document: HistDocument) -> bytes | None:
         "counters": [[c.name, dict(c.labels)] for c in document.counters],
     }
     meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    nonzero = [nonzero_index(s.hist.counts) for s in series]
+    nonzero = [s.sparse.index for s in series]
     indices = np.concatenate(nonzero) if series else np.zeros(0)
-    counts = (
-        np.concatenate([s.hist.counts[k] for s, k in zip(series, nonzero, strict=True)])
-        if series
-        else np.zeros(0)
-    )
+    counts = np.concatenate([s.sparse.count for s in series]) if series else np.zeros(0)
     return b"".join(
         (
             _META_LEN.pack(len(meta_bytes)),
@@ -243,17 +239,15 @@ class IntervalArrays:
             tuple(key_of(s) for s in document.series),
             tuple((c.name, key_of(c)) for c in document.counters),
         )
-        nonzero = [nonzero_index(s.hist.counts) for s in document.series]
         series = document.series
+        nonzero = [s.sparse.index for s in series]
         return cls(
             document.start_ns,
             document.end_ns,
             layout,
             np.array([len(k) for k in nonzero], dtype=np.int64),
             np.concatenate(nonzero).astype(np.int64) if series else np.zeros(0, np.int64),
-            np.concatenate([s.hist.counts[k] for s, k in zip(series, nonzero, strict=True)])
-            if series
-            else np.zeros(0, np.int64),
+            np.concatenate([s.sparse.count for s in series]) if series else np.zeros(0, np.int64),
             np.array([s.hist.overflow for s in series], dtype=np.int64),
             _unsigned([s.hist.sum_ns for s in series]),
             _unsigned([c.value for c in document.counters]),

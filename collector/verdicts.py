@@ -101,8 +101,9 @@ class JumpVerdicts:
             row = rows.get(key)
             if row is None:
                 row = rows[key] = np.zeros(NUM_BUCKETS + 1, dtype=np.int64)
-            row[:NUM_BUCKETS] += series.hist.counts
-            row[NUM_BUCKETS] += series.hist.overflow
+            sparse = series.sparse
+            row[sparse.index] += sparse.count
+            row[NUM_BUCKETS] += sparse.overflow
         displaced: dict[tuple[str, str], float] = {}
         for counter in document.counters:
             if counter.name == DISPLACED_WAIT:

@@ -14,9 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-import numpy as np
-
-from tailsight.hist import Histogram
+from tailsight.hist import Histogram, SparseHistogram
 from tailsight.histfile import Counter, HistDocument, Series
 
 LabelValue = str | int
@@ -107,6 +105,8 @@ class Snapshot:
     taken_ns: int
     histograms: Mapping[Labels, Histogram] = field(default_factory=dict)
     counters: Mapping[tuple[str, Labels], int] = field(default_factory=dict)
+    # The histograms' non-zero buckets, where ``delta`` took them (an interval's).
+    sparse: Mapping[Labels, SparseHistogram] = field(default_factory=dict)
 
     def delta(self, earlier: Snapshot) -> Snapshot:
         """The interval (earlier, self]: histograms that changed, counters that moved or are new
@@ -114,11 +114,16 @@ class Snapshot:
         if earlier.probe != self.probe:
             raise ValueError(f"cannot subtract a {earlier.probe} snapshot from a {self.probe} one")
         histograms = {}
+        sparse = {}
         for key, hist in self.histograms.items():
             before = earlier.histograms.get(key)
-            changed = hist if before is None else hist.delta(before)
-            if changed.sum_ns or changed.overflow or np.count_nonzero(changed.counts):
+            if before is None:
+                changed, part = hist, SparseHistogram.of(hist)
+            else:
+                changed, part = hist.delta_and_sparse(before)
+            if part.sum_ns or part.overflow or len(part.index):
                 histograms[key] = changed
+                sparse[key] = part
         # A per-cgroup counter that did not move is left out, unless it is new (so that it is
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
         # still. Host-wide ones (drops by reason, steal per CPU) are always there.
@@ -140,7 +145,7 @@ class Snapshot:
             if changed_value < 0:
                 raise ValueError(f"counter {counter_key} went backwards by {-changed_value}")
             counters[counter_key] = changed_value
-        return Snapshot(self.probe, self.taken_ns, histograms, counters)
+        return Snapshot(self.probe, self.taken_ns, histograms, counters, sparse)
 
     def __sub__(self, earlier: Snapshot) -> Snapshot:
         return self.delta(earlier)
@@ -200,14 +205,20 @@ class Snapshot:
             slot = tuple(sorted(named.items()))
             result = (dict(slot), slot) if kept else None
             (memo if known else uncached)[key] = result
-        merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Histogram]] = {}
+        merged: dict[
+            tuple[tuple[str, str], ...],
+            tuple[dict[str, str], Histogram, SparseHistogram | None],
+        ] = {}
         for key, hist in self.histograms.items():
             resolved = uncached[key] if key in uncached else memo[key]
             if resolved is None:
                 continue
             named, slot = resolved
             previous = merged.get(slot)
-            merged[slot] = (named, hist if previous is None else previous[1].merge(hist))
+            if previous is None:
+                merged[slot] = (named, hist, self.sparse.get(key))
+            else:  # a recreated cgroup: its parts merged, its non-zero buckets taken anew
+                merged[slot] = (named, previous[1].merge(hist), None)
         totals: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, str], int]] = {}
         for (counter_name, key), value in self.counters.items():
             resolved = uncached[key] if key in uncached else memo[key]
@@ -220,7 +231,10 @@ class Snapshot:
         return HistDocument(
             start_ns=start_ns,
             end_ns=self.taken_ns,
-            series=[Series(named, hist, slot) for slot, (named, hist) in sorted(merged.items())],
+            series=[
+                Series(named, hist, slot, sparse)
+                for slot, (named, hist, sparse) in sorted(merged.items())
+            ],
             counters=[
                 Counter(counter_name, named, value, slot)
                 for (counter_name, slot), (named, value) in sorted(totals.items())

@@ -205,9 +205,17 @@ class Histogram:
 
     def delta(self, earlier: Histogram) -> Histogram:
         """What was added since ``earlier`` (both cumulative); ValueError on a counter reset."""
+        return self.delta_and_sparse(earlier)[0]
+
+    def delta_and_sparse(self, earlier: Histogram) -> tuple[Histogram, SparseHistogram]:
+        """:meth:`delta` and its non-zero buckets, taken while the new row is still in cache
+        (the collector does this for every series every interval; a second pass over the row
+        later costs it again, from memory)."""
         counts = self.counts - earlier.counts
-        if int(counts.min()) < 0:
-            bad = int(np.flatnonzero(counts < 0)[0])
+        index = nonzero_index(counts)
+        changed = counts[index]
+        if changed.size and int(changed.min()) < 0:
+            bad = int(index[np.flatnonzero(changed < 0)[0]])
             raise ValueError(
                 f"bucket {bad} went down ({int(earlier.counts[bad])} -> {int(self.counts[bad])}): "
                 "counter reset or not the same series"
@@ -218,7 +226,10 @@ class Histogram:
         sum_ns = self.sum_ns - earlier.sum_ns
         if sum_ns < 0:
             raise ValueError(f"sum_ns went down ({earlier.sum_ns} -> {self.sum_ns})")
-        return Histogram._trusted(counts, overflow, sum_ns)
+        return (
+            Histogram._trusted(counts, overflow, sum_ns),
+            SparseHistogram(index, changed, overflow, sum_ns),
+        )
 
     def __add__(self, other: Histogram) -> Histogram:
         if not isinstance(other, Histogram):

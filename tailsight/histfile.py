@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram, nonzero_index
+from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram, SparseHistogram, nonzero_index
 
 FORMAT: Final = "tailsight.hist/1"
 
@@ -51,6 +51,19 @@ class Series:
     # The labels as sorted (name, value) pairs where the producer had them (Snapshot.to_document):
     # consumers keyed by label set (the exporter) need not sort each set again. Not compared.
     key: LabelKey | None = field(default=None, compare=False, repr=False)
+    # ``hist``'s non-zero buckets where the producer had them (Snapshot.delta), else taken at
+    # the first ``sparse``. Not compared.
+    nonzero: SparseHistogram | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def sparse(self) -> SparseHistogram:
+        """``hist``'s non-zero buckets, taken once for all the document's consumers (exporter,
+        recording, live view): a document's histograms are not changed once it is made."""
+        sparse = self.nonzero
+        if sparse is None:
+            sparse = SparseHistogram.of(self.hist)
+            object.__setattr__(self, "nonzero", sparse)  # a cache, not a change of value
+        return sparse
 
 
 @dataclass(frozen=True)

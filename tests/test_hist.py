@@ -320,11 +320,25 @@ def test_add_in_place_equals_histogram_of_concatenation(xs: list[int], ys: list[
     assert addend == Histogram.from_samples(ys)
 
 
+@relaxed
+@given(histograms(), histograms())
+def test_delta_and_sparse_match_a_naive_scan(h: Histogram, g: Histogram) -> None:
+    dense, sparse = h.merge(g).delta_and_sparse(g)
+    assert dense == h
+    naive = [(i, int(n)) for i, n in enumerate(h.counts.tolist()) if n]
+    assert list(zip(sparse.index.tolist(), sparse.count.tolist(), strict=True)) == naive
+    assert (sparse.overflow, sparse.sum_ns) == (h.overflow, h.sum_ns)
+
+
 def test_delta_rejects_counter_reset() -> None:
     earlier = Histogram.from_samples([1, 6_000, 6_000])
     later = Histogram.from_samples([1, 6_000, 20_000])  # bucket 1 went from 2 to 1
     with pytest.raises(ValueError, match="bucket 1"):
         later.delta(earlier)
+    # The bucket named is the one that went down, not the first that changed.
+    grown = Histogram.from_samples([1, 1, 6_000, 20_000])
+    with pytest.raises(ValueError, match=r"bucket 1 went down \(2 -> 1\)"):
+        grown.delta(earlier)
     with pytest.raises(ValueError, match="overflow"):
         Histogram.empty().delta(Histogram.from_sparse([], overflow=1, sum_ns=0))
     with pytest.raises(ValueError, match="sum_ns"):

@@ -431,11 +431,10 @@ class HeatInterval:
 
     @classmethod
     def of(cls, document: HistDocument) -> HeatInterval:
-        from tailsight.hist import SparseHistogram
 
         parts: dict[SeriesKey, SparseHistogram] = {}
         for s in document.series:
-            parts.setdefault(series_key(s.labels), SparseHistogram.of(s.hist))
+            parts.setdefault(series_key(s.labels), s.sparse)
         return cls(document.start_ns, document.end_ns, parts)
 
     def histogram(self, key: SeriesKey) -> Histogram | None:

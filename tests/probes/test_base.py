@@ -94,6 +94,17 @@ def test_document_merges_by_path_and_names_idle() -> None:
     }
 
 
+@pytest.mark.parametrize("names", [{10: "/a", 12: "/b"}, {10: "/a", 12: "/a"}])
+def test_document_series_carry_their_nonzero_buckets(names: dict[int, str]) -> None:
+    """The non-zero buckets the interval's delta took (or, for ids merged into one path, taken
+    anew) are those of each series' histogram, by a naive scan."""
+    for series in (LATE - EARLY).to_document(1_000, _names(names)).series:
+        naive = [(i, n) for i, n in enumerate(series.hist.counts.tolist()) if n]
+        sparse = series.sparse
+        assert list(zip(sparse.index.tolist(), sparse.count.tolist(), strict=True)) == naive
+        assert (sparse.overflow, sparse.sum_ns) == (series.hist.overflow, series.hist.sum_ns)
+
+
 def test_document_keys_are_the_sorted_labels() -> None:
     """The key each series and counter carries (the exporter and recorder use it instead of
     sorting labels again) is its labels sorted, also where ids merged into one path."""
