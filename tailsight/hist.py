@@ -214,7 +214,7 @@ class Histogram:
         counts = self.counts - earlier.counts
         index = nonzero_index(counts)
         changed = counts[index]
-        if changed.size and int(changed.min()) < 0:
+        if min(changed.tolist(), default=0) < 0:  # a Python min: numpy's costs 2x on ~40
             bad = int(index[np.flatnonzero(changed < 0)[0]])
             raise ValueError(
                 f"bucket {bad} went down ({int(earlier.counts[bad])} -> {int(self.counts[bad])}): "
