@@ -1,7 +1,7 @@
 """Cost per event of the run-queue probe's sched_switch program, against an empty program on the
 same tracepoint, in the same attach mode (tp_btf or raw_tp), attached at the same time, under a
 context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU).  Figures
-come from the kernel's BPF run-time stats (run_time_ns / run_cnt in /proc/self/fdinfo/<fd>).
+come from the kernel's BPF run-time stats (run_time_ns / run_cnt of bpf_prog_info).
 The probe has no sched_wakeup program: nothing else to measure.
 
 Usage: bench_probe_overhead.py [--quick] [--seconds S]   (needs root; exits 0 with a note if not)
@@ -23,9 +23,9 @@ def prog_stats(fd: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a loaded program, from the kernel."""
     from tailsight.probes.loader import read_program_stats
 
-    stats = read_program_stats(Path("/proc"), fd)
+    stats = read_program_stats(fd)
     if stats is None:
-        raise RuntimeError(f"no BPF run-time stats for fd {fd} in /proc/self/fdinfo")
+        raise RuntimeError(f"no BPF run-time stats for fd {fd}: not a BPF program")
     return stats.run_time_ns, stats.run_cnt
 
 

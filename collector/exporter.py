@@ -553,7 +553,7 @@ class PrometheusExporter:
             "tailsight_bpf_program_missed_runs",
             "counter",
             "Events the kernel did not run the program for: it was already running on that CPU "
-            "(fdinfo recursion_misses). Each is an event missing from the probe's counts.",
+            "(the kernel's recursion_misses). Each is an event missing from the probe's counts.",
         )
         fill = Family("tailsight_map_fill_ratio", "gauge", "Entries used / max entries.")
         errors = Family(
@@ -569,7 +569,7 @@ class PrometheusExporter:
             attached.add(where, status.attached)
             errors.add((("probe", probe),), status.read_errors)
             for program, fd in sorted(status.program_fds.items()):
-                stats = read_program_stats(self.config.proc_root, fd)
+                stats = read_program_stats(fd)
                 if stats is not None:
                     program_labels = (("probe", probe), ("program", program))
                     if self.bpf_stats_enabled:  # else the kernel does not count them

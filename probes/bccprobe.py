@@ -8,7 +8,6 @@ import ctypes
 import math
 import mmap
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -211,7 +210,7 @@ def set_config(bpf: Any, probe: str, slot: int, value: int) -> None:
 
 
 MISSED_RUN: Final = "missed_run"
-"""Drop reason of the events the kernel did not run a program for (fdinfo ``recursion_misses``:
+"""Drop reason of the events the kernel did not run a program for (its ``recursion_misses``:
 the program was already running on that CPU, e.g. interrupted by a softirq that fired the same
 tracepoint)."""
 
@@ -360,7 +359,7 @@ class BccProbe:
             (name, labels(reason=reason)): int(drops.sum(index).value)
             for index, reason in enumerate(self.drop_reasons)
         }
-        stats = [read_program_stats(Path("/proc"), fd) for fd in self.program_fds().values()]
+        stats = [read_program_stats(fd) for fd in self.program_fds().values()]
         missed = sum(stat.missed_runs for stat in stats if stat is not None)
         counters[(name, labels(reason=MISSED_RUN))] = missed
         return counters
@@ -379,7 +378,7 @@ class BccProbe:
         return self._attached
 
     def program_fds(self) -> dict[str, int]:
-        """Program fd per attached tracepoint (for BPF run-time stats via /proc/self/fdinfo)."""
+        """Program fd per attached tracepoint (for BPF run-time stats via read_program_stats)."""
         self._require_bpf()
         return dict(self._attached.prog_fds)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -26,6 +27,12 @@ _BPF_SYSCALL: Final = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "riscv64": 
 _BPF_PROG_LOAD: Final = 5
 _BPF_PROG_TEST_RUN: Final = 10
 _BPF_RAW_TRACEPOINT_OPEN: Final = 17
+_BPF_OBJ_GET_INFO_BY_FD: Final = 15
+# struct bpf_prog_info (uapi; fields are only ever appended): run_time_ns, run_cnt and
+# recursion_misses are its u64 words 24, 25 and 26 (Linux 5.1, 5.1, 5.12; BTF agrees). A
+# kernel whose struct is shorter leaves the words it lacks at 0.
+_PROG_INFO_WORDS: Final = 27
+_PROG_INFO_RUN_TIME_NS, _PROG_INFO_RUN_CNT, _PROG_INFO_RECURSION_MISSES = 24, 25, 26
 _BPF_PROG_TYPE_TRACING: Final = 26
 _BPF_TRACE_RAW_TP: Final = 23
 _MAX_BPF_FUNC_ARGS: Final = 12
@@ -80,6 +87,14 @@ class _RawTracepointOpenAttr(ctypes.Structure):
     )
 
 
+class _ObjInfoAttr(ctypes.Structure):
+    _fields_ = (
+        ("bpf_fd", ctypes.c_uint32),
+        ("info_len", ctypes.c_uint32),
+        ("info", ctypes.c_uint64),
+    )
+
+
 class _ProgLoadAttr(ctypes.Structure):
     _fields_ = (
         ("prog_type", ctypes.c_uint32),
@@ -128,14 +143,20 @@ class _TestRunAttr(ctypes.Structure):
     )
 
 
-def _bpf_syscall(cmd: int, attr: ctypes.Structure) -> int:
-    """Raw ``bpf(cmd, &attr, sizeof attr)``; raises OSError with the kernel's errno."""
+@functools.cache
+def _bpf_syscall_of_machine() -> tuple[Any, int]:
+    """libc's ``syscall`` and the bpf(2) number of this machine."""
     machine = platform.machine()
     number = _BPF_SYSCALL.get(machine)
     if number is None:
         raise ProbeError(f"bpf() syscall number unknown for architecture {machine!r}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    result = int(libc.syscall(number, cmd, ctypes.byref(attr), ctypes.sizeof(attr)))
+    return ctypes.CDLL(None, use_errno=True).syscall, number
+
+
+def _bpf_syscall(cmd: int, attr: ctypes.Structure) -> int:
+    """Raw ``bpf(cmd, &attr, sizeof attr)``; raises OSError with the kernel's errno."""
+    syscall, number = _bpf_syscall_of_machine()
+    result = int(syscall(number, cmd, ctypes.byref(attr), ctypes.sizeof(attr)))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -205,7 +226,7 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
 
 
 class ProgramStats(NamedTuple):
-    """A BPF program's counters in ``fdinfo``: kernel BPF stats, and the runs it missed."""
+    """A BPF program's counters (bpf_prog_info): kernel BPF stats, and the runs it missed."""
 
     run_time_ns: int
     run_cnt: int
@@ -214,26 +235,19 @@ class ProgramStats(NamedTuple):
     that CPU (an interrupt during it); counted whether or not BPF stats are on."""
 
 
-def read_program_stats(proc_root: Path, fd: int) -> ProgramStats | None:
-    """A BPF program fd's counters from ``<proc>/self/fdinfo``; None if absent.  Read with
-    os.open/os.read (7 vs 24 µs through pathlib here): every probe reads it every interval."""
+def read_program_stats(fd: int) -> ProgramStats | None:
+    """A BPF program fd's counters (``BPF_OBJ_GET_INFO_BY_FD``: what ``/proc/self/fdinfo``
+    shows, in one syscall instead of three and a text parse, 2 vs 13 µs here: every probe reads
+    it every interval, and the exporter at every render); None if the fd is no program now."""
+    info = (ctypes.c_uint64 * _PROG_INFO_WORDS)()
+    attr = _ObjInfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
     try:
-        info = os.open(f"{proc_root}/self/fdinfo/{fd}", os.O_RDONLY)
-        try:
-            text = os.read(info, 1 << 16).decode("utf-8", errors="replace")
-        finally:
-            os.close(info)
-    except OSError:
+        _bpf_syscall(_BPF_OBJ_GET_INFO_BY_FD, attr)
+    except (OSError, ProbeError):
         return None
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    try:
-        return ProgramStats(
-            int(fields["run_time_ns"].strip()),
-            int(fields["run_cnt"].strip()),
-            int(fields.get("recursion_misses", "0").strip()),  # Linux >= 5.12
-        )
-    except (KeyError, ValueError):
-        return None
+    return ProgramStats(
+        info[_PROG_INFO_RUN_TIME_NS], info[_PROG_INFO_RUN_CNT], info[_PROG_INFO_RECURSION_MISSES]
+    )
 
 
 def preferred_attach_modes() -> tuple[str, ...]:

@@ -89,8 +89,10 @@ def read_cpu_times_ns(proc_root: Path | str = "/proc") -> dict[int, list[int]]:
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     times: dict[int, list[int]] = {}
     for line in text.splitlines():
+        if not line.startswith("cpu"):
+            continue  # intr, softirq, ...: not split (the intr line holds hundreds of numbers)
         name, *values = line.split()
-        if name.startswith("cpu") and name[3:].isdigit():
+        if name[3:].isdigit():
             times[int(name[3:])] = [int(value) * tick_ns for value in values]
     return times
 

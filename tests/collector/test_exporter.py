@@ -272,35 +272,65 @@ def test_tcpstate_kind_names_the_metric_and_is_not_a_label() -> None:
     )
 
 
-def test_self_metrics_from_fake_procfs(tmp_path: Path) -> None:
-    fdinfo = tmp_path / "self" / "fdinfo"
-    fdinfo.mkdir(parents=True)
-    (fdinfo / "7").write_text(
-        "pos:\t0\nprog_type:\t17\nrun_time_ns:\t123456789\nrun_cnt:\t4242\n"
-        "recursion_misses:\t3\nverified_insns:\t571\n"
-    )
-    probes = {
-        "runqueue": ProbeStatus(True, program_fds={"sched_switch": 7, "gone": 99}, mode="tp_btf"),
-        "tcpstate": ProbeStatus(False, reason="AttachError: inet_sock_set_state: EPERM"),
-    }
-    runs = ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=sched_switch")
-    missed = ("tailsight_bpf_program_missed_runs_total", "probe=runqueue", "program=sched_switch")
-    # Without --bpf-stats the kernel counts no runs: only the missed ones are exported.
-    without_stats = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
-    without_stats.probes = probes
-    samples = scrape(without_stats)
-    assert runs not in samples
-    assert samples[missed] == 3
-    exporter = PrometheusExporter(CollectorConfig(proc_root=tmp_path))
-    exporter.probes = probes
-    exporter.bpf_stats_enabled = True
-    samples = scrape(exporter)
-    assert samples[runs] == 4242
-    assert samples[
-        ("tailsight_bpf_program_run_time_seconds_total", "probe=runqueue", "program=sched_switch")
-    ] == pytest.approx(0.123456789)
-    assert samples[missed] == 3
-    assert ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone") not in samples
+def _fdinfo(prog_fd: int) -> dict[str, int]:
+    """The kernel's other account of a program's counters: ``/proc/self/fdinfo`` text."""
+    text = Path(f"/proc/self/fdinfo/{prog_fd}").read_text(encoding="utf-8")
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {name: int(fields[name]) for name in ("run_time_ns", "run_cnt", "recursion_misses")}
+
+
+@pytest.mark.kernel
+def test_self_metrics_are_the_kernels_program_counters(kernel_ready: None) -> None:
+    """A real program, loaded but attached nowhere, run exactly 13 times (BPF_PROG_TEST_RUN)
+    with BPF stats on: the exporter's runs, run time and missed runs are the kernel's, as its
+    fdinfo text also shows them; without --bpf-stats only the missed runs are exported."""
+    from bcc import BPF
+
+    from tailsight.probes import features
+    from tailsight.probes.loader import prog_test_run_raw_tp
+
+    bpf = BPF(src_file=str(features._NOOP_SOURCE).encode())
+    try:
+        prog_fd = bpf.load_func(features._NOOP_FUNCTION.encode(), BPF.RAW_TRACEPOINT).fd
+        with features.enable_bpf_stats():
+            for _ in range(13):
+                prog_test_run_raw_tp(prog_fd, [0])
+        kernel = _fdinfo(prog_fd)
+        assert kernel["run_cnt"] == 13 and kernel["run_time_ns"] > 0
+        probes = {
+            "runqueue": ProbeStatus(
+                True, program_fds={"sched_switch": prog_fd, "gone": 10**6}, mode="tp_btf"
+            ),
+            "tcpstate": ProbeStatus(False, reason="AttachError: inet_sock_set_state: EPERM"),
+        }
+        runs = ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=sched_switch")
+        run_time = (
+            "tailsight_bpf_program_run_time_seconds_total",
+            "probe=runqueue",
+            "program=sched_switch",
+        )
+        missed = (
+            "tailsight_bpf_program_missed_runs_total",
+            "probe=runqueue",
+            "program=sched_switch",
+        )
+        # Without --bpf-stats the kernel counts no runs: only the missed ones are exported.
+        without_stats = PrometheusExporter()
+        without_stats.probes = probes
+        samples = scrape(without_stats)
+        assert runs not in samples
+        assert samples[missed] == kernel["recursion_misses"] == 0
+        exporter = PrometheusExporter()
+        exporter.probes = probes
+        exporter.bpf_stats_enabled = True
+        samples = scrape(exporter)
+        assert samples[runs] == 13
+        assert samples[run_time] == pytest.approx(kernel["run_time_ns"] / 1e9)
+        assert samples[missed] == 0
+        gone = ("tailsight_bpf_program_runs_total", "probe=runqueue", "program=gone")
+        assert gone not in samples  # no such fd: left out, the scrape goes on
+    finally:
+        bpf.cleanup()
     attached = ("tailsight_probe_attached", "mode=tp_btf", "probe=runqueue", "reason=")
     assert samples[attached] == 1
     reason = "reason=AttachError: inet_sock_set_state: EPERM"
