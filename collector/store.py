@@ -85,7 +85,7 @@ def _pack_interval(document: HistDocument) -> bytes | None:
     re-parsing text); None when a value needs more than 64 bits."""
     _check_writable(document)
     series = document.series
-    sums = [s.hist.sum_ns for s in series]
+    sums = [s.sparse.sum_ns for s in series]
     values = [c.value for c in document.counters]
     if max((*sums, *values, document.end_ns), default=0) >= _UINT64_LIMIT:
         return None
@@ -105,7 +105,7 @@ def _pack_interval(document: HistDocument) -> bytes | None:
             meta_bytes,
             np.array([len(k) for k in nonzero], dtype="<u4").tobytes(),
             np.array(sums, dtype="<u8").tobytes(),
-            np.array([s.hist.overflow for s in series], dtype="<u8").tobytes(),
+            np.array([s.sparse.overflow for s in series], dtype="<u8").tobytes(),
             indices.astype("<u2").tobytes(),
             counts.astype("<i8").tobytes(),
             np.array(values, dtype="<u8").tobytes(),
@@ -248,8 +248,8 @@ class IntervalArrays:
             np.array([len(k) for k in nonzero], dtype=np.int64),
             np.concatenate(nonzero).astype(np.int64) if series else np.zeros(0, np.int64),
             np.concatenate([s.sparse.count for s in series]) if series else np.zeros(0, np.int64),
-            np.array([s.hist.overflow for s in series], dtype=np.int64),
-            _unsigned([s.hist.sum_ns for s in series]),
+            np.array([s.sparse.overflow for s in series], dtype=np.int64),
+            _unsigned([s.sparse.sum_ns for s in series]),
             _unsigned([c.value for c in document.counters]),
             document,
         )

@@ -11,7 +11,7 @@ import operator
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_cont
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.pods import PodDirectory, PodLabeler
 from tailsight.collector.store import RecordingWriter
+from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.probes.base import Probe
 from tailsight.probes.catalog import PROBES
@@ -262,16 +263,20 @@ class RunningTotal:
     def __init__(self, start_ns: int, order: Sequence[str] = ()) -> None:
         self.start_ns = self.end_ns = start_ns
         self.order = list(order)
-        self._series: dict[str, dict[tuple[tuple[str, str], ...], Series]] = {}
+        # probe -> labels key -> (labels, histogram summed here, owned by this total)
+        self._series: dict[
+            str, dict[tuple[tuple[str, str], ...], tuple[Mapping[str, str], Histogram]]
+        ] = {}
         self._counters: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Counter]] = {}
 
     def add(self, interval: HistDocument) -> None:
         for series in interval.series:
             key = tuple(sorted(series.labels.items()))
             held = self._series.setdefault(series.labels.get("probe", ""), {})
-            before = held.get(key)
-            hist = series.hist.copy() if before is None else before.hist.merge(series.hist)
-            held[key] = Series(series.labels, hist)
+            total = held.get(key)
+            if total is None:
+                total = held[key] = (series.labels, Histogram.empty())
+            series.sparse.add_to(total[1])
         for counter in interval.counters:
             counter_key = (counter.name, tuple(sorted(counter.labels.items())))
             counted = self._counters.setdefault(counter.labels.get("probe", ""), {})
@@ -290,9 +295,9 @@ class RunningTotal:
             start_ns=self.start_ns,
             end_ns=self.end_ns,
             series=[
-                Series(dict(s.labels), s.hist.copy())
+                Series(dict(labels), hist.copy())
                 for probe in probes
-                for _, s in sorted(self._series.get(probe, {}).items(), key=by_labels)
+                for _, (labels, hist) in sorted(self._series.get(probe, {}).items(), key=by_labels)
             ],
             counters=[
                 Counter(c.name, dict(c.labels), c.value)

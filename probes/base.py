@@ -10,7 +10,7 @@ cardinality budget (Prometheus) should drop or top-K them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -105,7 +105,8 @@ class Snapshot:
     taken_ns: int
     histograms: Mapping[Labels, Histogram] = field(default_factory=dict)
     counters: Mapping[tuple[str, Labels], int] = field(default_factory=dict)
-    # The histograms' non-zero buckets, where ``delta`` took them (an interval's).
+    # The histograms as their non-zero buckets, where ``delta`` made them so (an interval's:
+    # ``histograms`` then makes each dense only when it is looked up).
     sparse: Mapping[Labels, SparseHistogram] = field(default_factory=dict)
 
     def delta(self, earlier: Snapshot) -> Snapshot:
@@ -113,16 +114,11 @@ class Snapshot:
         (and every host-wide one); ValueError if anything went backwards (a reset)."""
         if earlier.probe != self.probe:
             raise ValueError(f"cannot subtract a {earlier.probe} snapshot from a {self.probe} one")
-        histograms = {}
         sparse = {}
         for key, hist in self.histograms.items():
             before = earlier.histograms.get(key)
-            if before is None:
-                changed, part = hist, SparseHistogram.of(hist)
-            else:
-                changed, part = hist.delta_and_sparse(before)
+            part = SparseHistogram.of(hist) if before is None else hist.sparse_delta(before)
             if part.sum_ns or part.overflow or len(part.index):
-                histograms[key] = changed
                 sparse[key] = part
         # A per-cgroup counter that did not move is left out, unless it is new (so that it is
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
@@ -145,7 +141,7 @@ class Snapshot:
             if changed_value < 0:
                 raise ValueError(f"counter {counter_key} went backwards by {-changed_value}")
             counters[counter_key] = changed_value
-        return Snapshot(self.probe, self.taken_ns, histograms, counters, sparse)
+        return Snapshot(self.probe, self.taken_ns, DenseOnDemand(sparse), counters, sparse)
 
     def __sub__(self, earlier: Snapshot) -> Snapshot:
         return self.delta(earlier)
@@ -205,20 +201,27 @@ class Snapshot:
             slot = tuple(sorted(named.items()))
             result = (dict(slot), slot) if kept else None
             (memo if known else uncached)[key] = result
-        merged: dict[
-            tuple[tuple[str, str], ...],
-            tuple[dict[str, str], Histogram, SparseHistogram | None],
-        ] = {}
-        for key, hist in self.histograms.items():
+        grouped: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Labels]]] = {}
+        for key in self.histograms:
             resolved = uncached[key] if key in uncached else memo[key]
             if resolved is None:
                 continue
             named, slot = resolved
-            previous = merged.get(slot)
-            if previous is None:
-                merged[slot] = (named, hist, self.sparse.get(key))
-            else:  # a recreated cgroup: its parts merged, its non-zero buckets taken anew
-                merged[slot] = (named, previous[1].merge(hist), None)
+            held = grouped.get(slot)
+            if held is None:
+                grouped[slot] = (named, [key])
+            else:  # a recreated cgroup: another id with the same path
+                held[1].append(key)
+        series = []
+        for slot, (named, keys) in sorted(grouped.items()):
+            sparse = self.sparse.get(keys[0]) if len(keys) == 1 else None
+            if sparse is not None:  # an interval's: the dense form is made if one asks for it
+                series.append(Series(named, key=slot, sparse=sparse))
+                continue
+            hist = self.histograms[keys[0]]
+            for key in keys[1:]:
+                hist = hist.merge(self.histograms[key])
+            series.append(Series(named, hist, slot))
         totals: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, str], int]] = {}
         for (counter_name, key), value in self.counters.items():
             resolved = uncached[key] if key in uncached else memo[key]
@@ -231,15 +234,33 @@ class Snapshot:
         return HistDocument(
             start_ns=start_ns,
             end_ns=self.taken_ns,
-            series=[
-                Series(named, hist, slot, sparse)
-                for slot, (named, hist, sparse) in sorted(merged.items())
-            ],
+            series=series,
             counters=[
                 Counter(counter_name, named, value, slot)
                 for (counter_name, slot), (named, value) in sorted(totals.items())
             ],
         )
+
+
+class DenseOnDemand(Mapping[Labels, Histogram]):
+    """Histograms held as their non-zero buckets, each made dense when it is looked up (and
+    kept): an interval's, whose consumers mostly read the sparse form."""
+
+    def __init__(self, sparse: Mapping[Labels, SparseHistogram]) -> None:
+        self._sparse = sparse
+        self._dense: dict[Labels, Histogram] = {}
+
+    def __getitem__(self, key: Labels) -> Histogram:
+        hist = self._dense.get(key)
+        if hist is None:
+            hist = self._dense[key] = self._sparse[key].dense()
+        return hist
+
+    def __iter__(self) -> Iterator[Labels]:
+        return iter(self._sparse)
+
+    def __len__(self) -> int:
+        return len(self._sparse)
 
 
 class Probe(Protocol):

@@ -205,15 +205,14 @@ class Histogram:
 
     def delta(self, earlier: Histogram) -> Histogram:
         """What was added since ``earlier`` (both cumulative); ValueError on a counter reset."""
-        return self.delta_and_sparse(earlier)[0]
+        return self.sparse_delta(earlier).dense()
 
-    def delta_and_sparse(self, earlier: Histogram) -> tuple[Histogram, SparseHistogram]:
-        """:meth:`delta` and its non-zero buckets, taken while the new row is still in cache
-        (the collector does this for every series every interval; a second pass over the row
-        later costs it again, from memory)."""
-        counts = self.counts - earlier.counts
-        index = nonzero_index(counts)
-        changed = counts[index]
+    def sparse_delta(self, earlier: Histogram) -> SparseHistogram:
+        """:meth:`delta` as its non-zero buckets, found by comparing the two rows: no dense
+        difference is written (the collector takes this for every series every interval, from
+        rows long out of cache: one 16 KiB write and read less per series)."""
+        index = (self.counts != earlier.counts).nonzero()[0]
+        changed = self.counts[index] - earlier.counts[index]
         if min(changed.tolist(), default=0) < 0:  # a Python min: numpy's costs 2x on ~40
             bad = int(index[np.flatnonzero(changed < 0)[0]])
             raise ValueError(
@@ -226,10 +225,7 @@ class Histogram:
         sum_ns = self.sum_ns - earlier.sum_ns
         if sum_ns < 0:
             raise ValueError(f"sum_ns went down ({earlier.sum_ns} -> {self.sum_ns})")
-        return (
-            Histogram._trusted(counts, overflow, sum_ns),
-            SparseHistogram(index, changed, overflow, sum_ns),
-        )
+        return SparseHistogram(index, changed, overflow, sum_ns)
 
     def __add__(self, other: Histogram) -> Histogram:
         if not isinstance(other, Histogram):

@@ -42,28 +42,59 @@ class HistFormatError(ValueError):
     """Not valid ``tailsight.hist/1``; the message names the file, series and field at fault."""
 
 
-@dataclass(frozen=True)
 class Series:
-    """One labelled histogram (e.g. ``{"probe": "runqueue", "cgroup": "/trading"}``)."""
+    """One labelled histogram (e.g. ``{"probe": "runqueue", "cgroup": "/trading"}``), given
+    dense (``hist``) or as its non-zero buckets (``sparse``: an interval's, from
+    ``Snapshot.delta``); the other form is made at its first use and kept. Not changed once
+    made: every consumer of a document shares its series."""
 
-    labels: Mapping[str, str]
-    hist: Histogram
-    # The labels as sorted (name, value) pairs where the producer had them (Snapshot.to_document):
-    # consumers keyed by label set (the exporter) need not sort each set again. Not compared.
-    key: LabelKey | None = field(default=None, compare=False, repr=False)
-    # ``hist``'s non-zero buckets where the producer had them (Snapshot.delta), else taken at
-    # the first ``sparse``. Not compared.
-    nonzero: SparseHistogram | None = field(default=None, compare=False, repr=False)
+    __slots__ = ("_hist", "_sparse", "key", "labels")
+
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        hist: Histogram | None = None,
+        key: LabelKey | None = None,
+        sparse: SparseHistogram | None = None,
+    ) -> None:
+        if hist is None and sparse is None:
+            raise TypeError("a Series needs its histogram, dense or sparse")
+        self.labels = labels
+        # The labels as sorted (name, value) pairs where the producer had them
+        # (Snapshot.to_document): consumers keyed by label set (the exporter) need not sort
+        # each set again. Not compared.
+        self.key = key
+        self._hist = hist
+        self._sparse = sparse
+
+    @property
+    def hist(self) -> Histogram:
+        """The dense histogram (16 KiB: the collector's consumers read ``sparse`` instead)."""
+        hist = self._hist
+        if hist is None:
+            assert self._sparse is not None
+            hist = self._hist = self._sparse.dense()
+        return hist
 
     @property
     def sparse(self) -> SparseHistogram:
-        """``hist``'s non-zero buckets, taken once for all the document's consumers (exporter,
-        recording, live view): a document's histograms are not changed once it is made."""
-        sparse = self.nonzero
+        """The non-zero buckets, overflow and sum: what the exporter, the recording and the
+        live view read, taken once for all of them."""
+        sparse = self._sparse
         if sparse is None:
-            sparse = SparseHistogram.of(self.hist)
-            object.__setattr__(self, "nonzero", sparse)  # a cache, not a change of value
+            assert self._hist is not None
+            sparse = self._sparse = SparseHistogram.of(self._hist)
         return sparse
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Series):
+            return NotImplemented
+        return self.labels == other.labels and self.hist == other.hist
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable labels
+
+    def __repr__(self) -> str:
+        return f"Series(labels={self.labels!r}, hist={self.hist!r})"
 
 
 @dataclass(frozen=True)
