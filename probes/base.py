@@ -106,8 +106,9 @@ class Snapshot:
     histograms: Mapping[Labels, Histogram] = field(default_factory=dict)
     counters: Mapping[tuple[str, Labels], int] = field(default_factory=dict)
     # The histograms as their non-zero buckets, where ``delta`` made them so (an interval's:
-    # ``histograms`` then makes each dense only when it is looked up).
-    sparse: Mapping[Labels, SparseHistogram] = field(default_factory=dict)
+    # ``histograms`` then makes each dense only when it is looked up). Not compared: the same
+    # values as ``histograms``.
+    sparse: Mapping[Labels, SparseHistogram] = field(default_factory=dict, compare=False)
 
     def delta(self, earlier: Snapshot) -> Snapshot:
         """The interval (earlier, self]: histograms that changed, counters that moved or are new

@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram, SparseHistogram, nonzero_index
+from tailsight.hist import BUCKET_WIDTH_NS, NUM_BUCKETS, Histogram, SparseHistogram
 
 FORMAT: Final = "tailsight.hist/1"
 
@@ -128,10 +128,10 @@ class HistDocument:
             "series": [
                 {
                     "labels": _sorted_labels(s.labels),
-                    "count": s.hist.count,
-                    "sum_ns": s.hist.sum_ns,
-                    "buckets": _sparse_pairs(s.hist),
-                    "overflow": s.hist.overflow,
+                    "count": s.sparse.total,
+                    "sum_ns": s.sparse.sum_ns,
+                    "buckets": _sparse_pairs(s.sparse),
+                    "overflow": s.sparse.overflow,
                 }
                 for s in self.series
             ],
@@ -284,10 +284,9 @@ def _parse_series(item: Any, n: int) -> Series:
     return Series(labels=labels, hist=hist)
 
 
-def _sparse_pairs(hist: Histogram) -> list[list[int]]:
+def _sparse_pairs(sparse: SparseHistogram) -> list[list[int]]:
     """``[[index, count], ...]`` of the non-zero buckets, built by numpy rather than per bucket."""
-    nonzero = nonzero_index(hist.counts)
-    pairs: list[list[int]] = np.stack([nonzero, hist.counts[nonzero]], axis=1).tolist()
+    pairs: list[list[int]] = np.stack([sparse.index, sparse.count], axis=1).tolist()
     return pairs
 
 
