@@ -431,7 +431,6 @@ class HeatInterval:
 
     @classmethod
     def of(cls, document: HistDocument) -> HeatInterval:
-
         parts: dict[SeriesKey, SparseHistogram] = {}
         for s in document.series:
             parts.setdefault(series_key(s.labels), s.sparse)
