@@ -72,7 +72,9 @@ class _Attached:
     probe: Probe
     previous: Snapshot
     status: ProbeStatus
-    named: LabelMemo = field(default_factory=dict)  # Snapshot.to_document's, interval to interval
+    named: LabelMemo = field(
+        default_factory=LabelMemo
+    )  # Snapshot.to_document's, interval to interval
 
 
 @dataclass

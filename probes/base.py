@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from tailsight.hist import Histogram, SparseHistogram
 from tailsight.histfile import Counter, HistDocument, Series
 
@@ -28,8 +31,36 @@ UNKNOWN_CGROUP_NAME: Final = "unknown"
 
 CgroupNamer = Callable[[Iterable[int]], Mapping[int, str]]
 """Bulk cgroup id -> path, e.g. ``CgroupResolver.resolve_many``."""
-LabelMemo = dict["Labels", "tuple[dict[str, str], tuple[tuple[str, str], ...]] | None"]
-"""How ``Snapshot.to_document`` named each raw key (labels, sort key), or None: filtered out."""
+Named = tuple[dict[str, str], tuple[tuple[str, str], ...]] | None
+"""How ``Snapshot.to_document`` named a raw key (labels, sort key), or None: filtered out."""
+MEMO_GENERATION_INTERVALS: Final = 60
+
+
+class LabelMemo:
+    """How ``Snapshot.to_document`` named each raw key, kept from one interval to the next: the
+    keys named in this generation of MEMO_GENERATION_INTERVALS intervals or the one before. A
+    busy host names thousands of victim x aggressor pairs, many not every interval; the keys of
+    cgroups long gone age out."""
+
+    def __init__(self) -> None:
+        self.current: dict[Labels, Named] = {}
+        self.previous: dict[Labels, Named] = {}
+        self.intervals = 0
+
+    def recall(self, keys: Iterable[Labels]) -> list[Labels]:
+        """Bring these keys into the current generation; those never named (or aged out)."""
+        self.intervals += 1
+        if self.intervals % MEMO_GENERATION_INTERVALS == 0:
+            self.previous, self.current = self.current, {}
+        current, previous = self.current, self.previous
+        missing: dict[Labels, None] = {}  # each once: a pair's keys come once per counter
+        for key in keys:
+            if key not in current:
+                if key in previous:
+                    current[key] = previous[key]
+                else:
+                    missing[key] = None
+        return list(missing)
 
 
 @dataclass(frozen=True)
@@ -124,13 +155,17 @@ class Snapshot:
         # A per-cgroup counter that did not move is left out, unless it is new (so that it is
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
         # still. Host-wide ones (drops by reason, steal per CPU) are always there.
+        now_counters, earlier_counters = self.counters, earlier.counters
         counters = {}
+        if isinstance(now_counters, PairCounters) and isinstance(earlier_counters, PairCounters):
+            counters = now_counters.pair_delta(earlier_counters)  # matrices, not a cell at a time
+            now_counters, earlier_counters = now_counters.others, earlier_counters.others
         missing = -1
         # Whether a counter names a cgroup goes with its name (a probe's pair, event and drop
         # counters each have fixed labels): asked once per name, not for each of thousands.
         per_cgroup: dict[str, bool] = {}
-        for counter_key, value in self.counters.items():
-            before_value = earlier.counters.get(counter_key, missing)
+        for counter_key, value in now_counters.items():
+            before_value = earlier_counters.get(counter_key, missing)
             if before_value == value:
                 name = counter_key[0]
                 names_cgroup = per_cgroup.get(name)
@@ -149,6 +184,8 @@ class Snapshot:
 
     def without(self, cgroup_ids: set[int]) -> Snapshot:
         """This snapshot less every series and counter naming one of these cgroups."""
+        if not cgroup_ids:
+            return self  # kept as it is: a PairCounters stays a matrix
 
         def kept(key: Labels) -> bool:
             return not any(name in CGROUP_LABELS and value in cgroup_ids for name, value in key)
@@ -162,7 +199,11 @@ class Snapshot:
 
     def cgroup_ids(self) -> set[int]:
         """Every cgroup id named in a label (0 excluded: it is never a directory)."""
-        return _cgroup_ids([*self.histograms, *(key for _, key in self.counters)])
+        counters = self.counters
+        pair_ids: set[int] = set()
+        if isinstance(counters, PairCounters):
+            pair_ids, counters = counters.cgroup_ids(), counters.others
+        return pair_ids | _cgroup_ids([*self.histograms, *(key for _, key in counters)])
 
     def to_document(
         self,
@@ -179,14 +220,12 @@ class Snapshot:
         remembers how each key was named: a busy host repeats thousands of victim x aggressor
         keys every interval, and naming them afresh was most of the collector's time.
         """
-        memo = {} if memo is None else memo
-        keys = [*self.histograms, *(key for _, key in self.counters)]
-        if len(memo) > 2 * len(keys) + 1024:  # keys of cgroups long gone: start afresh
-            memo.clear()
-        missing = [key for key in keys if key not in memo]
+        memo = LabelMemo() if memo is None else memo
+        missing = memo.recall([*self.histograms, *(key for _, key in self.counters)])
+        known_keys = memo.current
         ids = _cgroup_ids(missing)
         names = dict(name_cgroups(sorted(ids))) if ids else {}
-        uncached: LabelMemo = {}  # keys naming an id not found now: it may be found later
+        uncached: dict[Labels, Named] = {}  # keys naming an id not found now: found later?
         for key in missing:
             named = {"probe": self.probe}
             known = True
@@ -201,10 +240,10 @@ class Snapshot:
             kept = keep is None or subject is None or keep(subject)
             slot = tuple(sorted(named.items()))
             result = (dict(slot), slot) if kept else None
-            (memo if known else uncached)[key] = result
+            (known_keys if known else uncached)[key] = result
         grouped: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Labels]]] = {}
         for key in self.histograms:
-            resolved = uncached[key] if key in uncached else memo[key]
+            resolved = uncached[key] if key in uncached else known_keys[key]
             if resolved is None:
                 continue
             named, slot = resolved
@@ -225,7 +264,7 @@ class Snapshot:
             series.append(Series(named, hist, slot))
         totals: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, str], int]] = {}
         for (counter_name, key), value in self.counters.items():
-            resolved = uncached[key] if key in uncached else memo[key]
+            resolved = uncached[key] if key in uncached else known_keys[key]
             if resolved is None:
                 continue
             named, slot = resolved
@@ -241,6 +280,100 @@ class Snapshot:
                 for (counter_name, slot), (named, value) in sorted(totals.items())
             ],
         )
+
+
+class PairCounters(Mapping[tuple[str, Labels], int]):
+    """A probe's cumulative counters, those of victim x aggressor cgroup pairs held as the
+    kernel's matrix: ``matrix[victim, aggressor, k]`` is counter ``names[k]`` of the pair
+    (``ids[victim]``, ``ids[aggressor]``), a pair being there while its counter ``present`` is
+    not 0. As a mapping it is every counter (``others`` and the pairs, keyed as by
+    ``labels(aggressor=..., victim=...)``), built at the first lookup; ``Snapshot.delta``
+    subtracts two as matrices instead: a busy host holds thousands of pairs, most of them still.
+    """
+
+    def __init__(
+        self,
+        others: Mapping[tuple[str, Labels], int],
+        names: tuple[str, ...],
+        ids: tuple[int, ...],
+        matrix: npt.NDArray[np.uint64],
+        present: int,
+    ) -> None:
+        if matrix.shape != (len(ids), len(ids), len(names)):
+            raise ValueError(f"pair matrix of shape {matrix.shape} for {len(ids)} ids x {names}")
+        self.others, self.names, self.ids = others, names, ids
+        self.matrix, self.present = matrix, present
+        self._all: dict[tuple[str, Labels], int] | None = None
+
+    def _cells(
+        self, where: npt.NDArray[np.bool_], k: int, minus: npt.NDArray[np.uint64] | None = None
+    ) -> dict[tuple[str, Labels], int]:
+        """Counter k of the pairs in ``where`` (less ``minus``), keyed as in the mapping."""
+        victims, aggressors = np.nonzero(where)
+        values = self.matrix[victims, aggressors, k]
+        if minus is not None:
+            values = values - minus[victims, aggressors, k]
+        name, ids = self.names[k], self.ids
+        return {
+            (name, (("aggressor", ids[a]), ("victim", ids[v]))): value
+            for v, a, value in zip(
+                victims.tolist(), aggressors.tolist(), values.tolist(), strict=True
+            )
+        }
+
+    def _mapping(self) -> dict[tuple[str, Labels], int]:
+        if self._all is None:
+            present = self.matrix[:, :, self.present] != 0
+            self._all = dict(self.others)
+            for k in range(len(self.names)):
+                self._all.update(self._cells(present, k))
+        return self._all
+
+    def __getitem__(self, key: tuple[str, Labels]) -> int:
+        return self._mapping()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, Labels]]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
+
+    def cgroup_ids(self) -> set[int]:
+        """The ids of the pairs there (0 excluded), as ``_cgroup_ids`` finds them in the keys."""
+        present = self.matrix[:, :, self.present] != 0
+        there = present.any(axis=0) | present.any(axis=1)
+        return {self.ids[i] for i in np.nonzero(there)[0].tolist()} - {0}
+
+    def pair_delta(self, earlier: PairCounters) -> dict[tuple[str, Labels], int]:
+        """The pair counters that moved since ``earlier``, or that are new (at their value), as
+        ``Snapshot.delta`` keeps them; ValueError if one went backwards."""
+        if earlier.names != self.names or earlier.present != self.present:
+            raise ValueError(f"cannot subtract pair counters {earlier.names} from {self.names}")
+        if earlier.ids == self.ids:
+            before = earlier.matrix
+        else:  # slots taken or given back since: align the earlier matrix on these ids
+            before = np.zeros_like(self.matrix)
+            row_of = {cgroup_id: row for row, cgroup_id in enumerate(self.ids)}
+            kept = [(row, row_of[i]) for row, i in enumerate(earlier.ids) if i in row_of]
+            if kept:
+                old_rows, rows = (np.array(side) for side in zip(*kept, strict=True))
+                before[np.ix_(rows, rows)] = earlier.matrix[np.ix_(old_rows, old_rows)]
+        # A pair not there before counts from 0, as a counter new to the mapping would.
+        existed = before[:, :, self.present] != 0
+        before = np.where(existed[:, :, None], before, np.uint64(0))
+        present = self.matrix[:, :, self.present] != 0
+        new = present & ~existed
+        backwards = present[:, :, None] & (self.matrix < before)
+        if backwards.any():
+            v, a, k = (int(i[0]) for i in np.nonzero(backwards))
+            key = labels(aggressor=self.ids[a], victim=self.ids[v])
+            by = int(before[v, a, k]) - int(self.matrix[v, a, k])
+            raise ValueError(f"counter {(self.names[k], key)} went backwards by {by}")
+        moved: dict[tuple[str, Labels], int] = {}
+        for k in range(len(self.names)):
+            changed = self.matrix[:, :, k] != before[:, :, k]
+            moved.update(self._cells(present & (new | changed), k, before))
+        return moved
 
 
 class DenseOnDemand(Mapping[Labels, Histogram]):

@@ -12,7 +12,15 @@ from typing import Final
 import numpy as np
 
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
+from tailsight.probes.base import (
+    CounterInfo,
+    Labels,
+    PairCounters,
+    ProbeInfo,
+    SeriesInfo,
+    Snapshot,
+    labels,
+)
 from tailsight.probes.bccprobe import (
     HIST_ROW,
     BccProbe,
@@ -159,20 +167,7 @@ class RunQueueProbe(BccProbe):
             for slot, total in zip(slots, totals, strict=True)
         ]
         wait = {cgroup_of[slot]: hist for slot, hist in slot_histograms(slots, rows, sums).items()}
-        counters: dict[tuple[str, Labels], int] = {}
-        # Up to slots^2 pairs on a busy host: plain lists and label tuples built in sorted order
-        # (what labels() would give), not numpy scalars and a sort per pair.
-        victims, aggressors = np.nonzero(pair_block[:, :, 1])
-        ids = [cgroup_of[slot] for slot in slots]
-        waits = pair_block[victims, aggressors, 0].tolist()
-        switches = pair_block[victims, aggressors, 1].tolist()
-        for v, a, wait_ns, n in zip(
-            victims.tolist(), aggressors.tolist(), waits, switches, strict=True
-        ):
-            key = (("aggressor", ids[a]), ("victim", ids[v]))
-            counters[(DISPLACED_WAIT, key)] = wait_ns
-            counters[(DISPLACED_SWITCHES, key)] = n
-        counters.update(self.drop_counters())
+        counters: dict[tuple[str, Labels], int] = dict(self.drop_counters())
         assert self.outliers is not None
         self.outliers.drain()
         self.outliers.update_thresholds(wait)
@@ -180,7 +175,13 @@ class RunQueueProbe(BccProbe):
         for cpu, steal_ns in read_steal_ns().items():
             counters[(STEAL, labels(cpu=str(cpu)))] = steal_ns
         histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in wait.items()}
-        return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
+        # Up to slots^2 pairs on a busy host: kept as the matrix read (a pair is there once it
+        # has a switch), and subtracted as one.
+        ids = tuple(cgroup_of[slot] for slot in slots)
+        pair_counters = PairCounters(
+            counters, (DISPLACED_WAIT, DISPLACED_SWITCHES), ids, pair_block, present=1
+        )
+        return Snapshot(PROBE_NAME, taken_ns, histograms, pair_counters)
 
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' rows (as victim and as aggressor) and give their slots back."""

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.base import (
+    MEMO_GENERATION_INTERVALS,
+    LabelMemo,
+    PairCounters,
+    Snapshot,
+    labels,
+)
 
 WAIT = "runqueue_displaced_wait_ns"
+SWITCHES = "runqueue_displaced_switches"
 DROPPED = "runqueue_dropped_events"
 
 
@@ -123,3 +133,74 @@ def test_keep_filters_on_cgroup_or_victim_but_keeps_unlabelled_counters() -> Non
         (WAIT, "/c", 9),
         (DROPPED, None, 3),
     }
+
+
+@st.composite
+def _pair_snapshots(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
+    """Two cumulative readings of a pair matrix whose slots changed between them (ids taken,
+    given back, reordered): counters grow, a pair's switches may still be 0."""
+    pool = st.lists(st.sampled_from([0, 10, 11, 12, 13, 14]), unique=True, max_size=5)
+    ids_before, ids_now = draw(pool), draw(pool)
+    cell = st.integers(0, 3)
+    earlier = {(v, a): (draw(cell), draw(cell)) for v in ids_before for a in ids_before}
+    later = {}
+    for v in ids_now:
+        for a in ids_now:
+            wait, switches = earlier.get((v, a), (0, 0))
+            later[(v, a)] = (wait + draw(cell), switches + draw(cell))
+
+    def reading(taken_ns: int, ids: list[int], cells: dict[tuple[int, int], tuple[int, int]]):
+        values = np.array([[cells[(v, a)] for a in ids] for v in ids], dtype=np.uint64).reshape(
+            len(ids), len(ids), 2
+        )
+        others = {(DROPPED, labels(reason="hist_full")): taken_ns}
+        pairs = PairCounters(others, (WAIT, SWITCHES), tuple(ids), values, present=1)
+        return Snapshot("runqueue", taken_ns, {}, pairs)
+
+    return reading(1, ids_before, earlier), reading(2, ids_now, later)
+
+
+@given(_pair_snapshots())
+def test_pair_matrix_delta_matches_the_counter_by_counter_one(
+    readings: tuple[Snapshot, Snapshot],
+) -> None:
+    """Subtracting pair matrices gives what subtracting their mappings one counter at a time
+    gives (pairs keyed as ``labels`` would, new ones at their value, still ones left out)."""
+    earlier, later = readings
+    plain_earlier, plain_later = (
+        Snapshot(s.probe, s.taken_ns, {}, dict(s.counters.items())) for s in readings
+    )
+    assert (later - earlier).counters == (plain_later - plain_earlier).counters
+    assert later.cgroup_ids() == plain_later.cgroup_ids()
+    assert all(key[1] == labels(**dict(key[1])) for key in later.counters)
+    assert later.without(set()) is later
+
+
+def test_a_pair_going_backwards_is_named() -> None:
+    before = np.array([[[5, 1]]], dtype=np.uint64)
+    after = np.array([[[4, 1]]], dtype=np.uint64)
+    readings = [
+        Snapshot("runqueue", t, {}, PairCounters({}, (WAIT, SWITCHES), (10,), m, present=1))
+        for t, m in ((1, before), (2, after))
+    ]
+    with pytest.raises(ValueError, match=r"victim', 10.*went backwards by 1"):
+        readings[1] - readings[0]
+
+
+def test_label_memo_names_as_without_it_and_forgets_keys_unused_for_a_generation() -> None:
+    """A document named with the memo equals one named afresh; an id not found yet is asked
+    again later; a key unused for two generations is no longer held."""
+    memo = LabelMemo()
+    interval = LATE - EARLY
+    first = interval.to_document(1_000, _names({10: "/a"}), memo=memo)
+    assert first == interval.to_document(1_000, _names({10: "/a"}))
+    later = interval.to_document(1_000, _names({10: "/a", 12: "/c"}), memo=memo)
+    assert "/c" in {s.labels["cgroup"] for s in later.series}  # 12 was unknown, now found
+    only_then = Snapshot("runqueue", 3_000, {}, {(DROPPED, labels(reason="gone")): 1})
+    lone = Snapshot("runqueue", 3_000, {}, {(DROPPED, labels(reason="hist_full")): 1})
+    only_then.to_document(2_000, _names({}), memo=memo)
+    assert labels(reason="gone") in memo.current
+    for _ in range(2 * MEMO_GENERATION_INTERVALS):
+        lone.to_document(2_000, _names({}), memo=memo)
+    assert labels(reason="gone") not in {*memo.current, *memo.previous}
+    assert labels(reason="hist_full") in memo.current
