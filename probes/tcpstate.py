@@ -179,6 +179,7 @@ class TcpStateProbe(BccProbe):
         self._self_check = self_check
         self._offsets_override = dict(offsets_override or {})
         self._offsets: dict[str, int] = {}
+        self._labels_of_key: dict[bytes, Labels] = {}
 
     def extra_cflags(self) -> list[str]:
         """The sock offsets from BTF, the table sizes, and what this kernel's tracepoints take."""
@@ -225,14 +226,25 @@ class TcpStateProbe(BccProbe):
                 port,
             )
 
-        series_of = {int(slot.value): key for key, slot in table_items(bpf[b"tcpstate_slots"])}
+        # A series' labels by its key's bytes: naming the same 512 keys afresh each read was
+        # most of the read on a busy host.
+        named = self._labels_of_key
+        if len(named) > 4 * MAX_SERIES:  # keys of series long gone
+            named.clear()
+        series_of = {}
+        for key, slot in table_items(bpf[b"tcpstate_slots"]):
+            raw = bytes(key)
+            series = named.get(raw)
+            if series is None:
+                series = named[raw] = key_of(key)
+            series_of[int(slot.value)] = series
         slots = sorted(series_of)
         # Sums first: a sample lands in its bucket before its sum (see record()).  Fancy indexing
         # copies: one read each.
         sums = self.mapped_array("tcpstate_sum_ns", np.uint64, (MAX_SERIES,))[slots]
         rows = self.mapped_array("tcpstate_hist", np.uint64, (MAX_SERIES, HIST_ROW))[slots]
         histograms = {
-            key_of(series_of[slot]): hist
+            series_of[slot]: hist
             for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
         }
         counters: dict[tuple[str, Labels], int] = {}
