@@ -31,8 +31,9 @@ UNKNOWN_CGROUP_NAME: Final = "unknown"
 
 CgroupNamer = Callable[[Iterable[int]], Mapping[int, str]]
 """Bulk cgroup id -> path, e.g. ``CgroupResolver.resolve_many``."""
-Named = tuple[dict[str, str], tuple[tuple[str, str], ...]] | None
-"""How ``Snapshot.to_document`` named a raw key (labels, sort key), or None: filtered out."""
+Named = tuple[dict[str, str], tuple[tuple[str, str], ...], str] | None
+"""How ``Snapshot.to_document`` named a raw key (labels, sorted labels, their text for sorting
+documents), or None: filtered out."""
 MEMO_GENERATION_INTERVALS: Final = 60
 
 
@@ -239,14 +240,17 @@ class Snapshot:
             subject = named.get("cgroup", named.get("victim"))
             kept = keep is None or subject is None or keep(subject)
             slot = tuple(sorted(named.items()))
-            result = (dict(slot), slot) if kept else None
+            # Sorts as the pairs do (no label holds a NUL): a busy host's thousands of counters
+            # sort as strings, twice as fast as tuples of pairs.
+            text = "\0".join(part for pair in slot for part in pair)
+            result = (dict(slot), slot, text) if kept else None
             (known_keys if known else uncached)[key] = result
         grouped: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Labels]]] = {}
         for key in self.histograms:
             resolved = uncached[key] if key in uncached else known_keys[key]
             if resolved is None:
                 continue
-            named, slot = resolved
+            named, slot, _ = resolved
             held = grouped.get(slot)
             if held is None:
                 grouped[slot] = (named, [key])
@@ -262,22 +266,24 @@ class Snapshot:
             for key in keys[1:]:
                 hist = hist.merge(self.histograms[key])
             series.append(Series(named, hist, slot))
-        totals: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[dict[str, str], int]] = {}
+        totals: dict[tuple[str, str], tuple[dict[str, str], tuple[tuple[str, str], ...], int]] = {}
         for (counter_name, key), value in self.counters.items():
             resolved = uncached[key] if key in uncached else known_keys[key]
             if resolved is None:
                 continue
-            named, slot = resolved
-            slot_key = (counter_name, slot)
-            previous_total = totals.get(slot_key)
-            totals[slot_key] = (named, value + (0 if previous_total is None else previous_total[1]))
+            named, slot, text = resolved
+            text_key = (counter_name, text)
+            previous_total = totals.get(text_key)
+            if previous_total is not None:  # ids merged into one path
+                value += previous_total[2]
+            totals[text_key] = (named, slot, value)
         return HistDocument(
             start_ns=start_ns,
             end_ns=self.taken_ns,
             series=series,
             counters=[
                 Counter(counter_name, named, value, slot)
-                for (counter_name, slot), (named, value) in sorted(totals.items())
+                for (counter_name, _), (named, slot, value) in sorted(totals.items())
             ],
         )
 

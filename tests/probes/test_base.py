@@ -204,3 +204,19 @@ def test_label_memo_names_as_without_it_and_forgets_keys_unused_for_a_generation
         lone.to_document(2_000, _names({}), memo=memo)
     assert labels(reason="gone") not in {*memo.current, *memo.previous}
     assert labels(reason="hist_full") in memo.current
+
+
+@given(st.lists(st.text(st.characters(min_codepoint=1), max_size=4), min_size=3, max_size=3))
+def test_document_counters_come_sorted_as_their_label_pairs(paths: list[str]) -> None:
+    """Counters sort by (name, sorted labels) as tuples would, paths prefixes of each other
+    included (the document sorts them as text)."""
+    counters = {
+        (name, labels(victim=v, aggressor=a)): 1
+        for name in (WAIT, SWITCHES)
+        for v in (10, 11, 12)
+        for a in (0, 10, 11, 12)
+    }
+    names = {10 + i: "/" + path for i, path in enumerate(paths)}
+    doc = Snapshot("runqueue", 2, {}, counters).to_document(1, _names(names))
+    keys = [(c.name, c.key) for c in doc.counters]
+    assert keys == sorted(keys)
