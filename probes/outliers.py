@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import Histogram, bucket_upper_bounds_ns
+from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels
 from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
@@ -171,7 +171,11 @@ class OutlierStream:
         # Folded stack per stack id (user: per (id, tgid), symbols differ between processes).
         self._kernel_folded: dict[int, str] = {}
         self._user_folded: dict[tuple[int, int], str] = {}
-        self._previous: dict[int, Histogram] = {}
+        # What update_thresholds last saw, one row per id (and its overflow): the next call
+        # subtracts it as one block (a busy host has hundreds of cgroups).
+        self._previous_ids: list[int] = []
+        self._previous_rows: npt.NDArray[np.int64] = np.zeros((0, NUM_BUCKETS), np.int64)
+        self._previous_overflow: npt.NDArray[np.int64] = np.zeros(0, np.int64)
         self._thresholds: dict[int, int] = {}
         self.callback_errors = 0
         # bcc keeps a reference to the ctypes callback only as long as we do.
@@ -285,28 +289,24 @@ class OutlierStream:
         ids = list(cumulative)
         if not ids:
             return dict(self._thresholds)
-        # All cgroups in one numpy pass (a busy host has hundreds): rows now, less rows before.
-        empty = Histogram.empty()
-        before = [self._previous.get(cgroup_id, empty) for cgroup_id in ids]
         now = np.stack([cumulative[cgroup_id].counts for cgroup_id in ids])
-        counts = now - np.stack([hist.counts for hist in before])
-        overflow = np.array(
-            [cumulative[i].overflow - b.overflow for i, b in zip(ids, before, strict=True)],
-            dtype=np.int64,
-        )
+        now_overflow = np.array([cumulative[cgroup_id].overflow for cgroup_id in ids], np.int64)
+        if ids != self._previous_ids[: len(ids)]:  # cgroups came or went: theirs first
+            self._align(ids)
+        # Views: what is seen below is kept in place.
+        before = self._previous_rows[: len(ids)]
+        before_overflow = self._previous_overflow[: len(ids)]
+        counts = now - before
+        overflow = now_overflow - before_overflow
         if (counts < 0).any() or (overflow < 0).any():
             raise ValueError("a cumulative histogram went down: counter reset")
         totals = counts.sum(axis=1) + overflow
         bounds = p99_bucket_upper_bounds_ns(counts, totals).tolist()
-        for row, cgroup_id in enumerate(ids):
-            if totals[row] < MIN_THRESHOLD_SAMPLES:
-                continue
-            hist = cumulative[cgroup_id]
-            # A copy: a view would keep this interval's whole block alive.
-            self._previous[cgroup_id] = Histogram._trusted(
-                now[row].copy(), hist.overflow, hist.sum_ns
-            )
-            threshold_ns = bounds[row]
+        enough = totals >= MIN_THRESHOLD_SAMPLES
+        # The rest keep counting towards their next threshold.
+        before[enough], before_overflow[enough] = now[enough], now_overflow[enough]
+        for row in np.flatnonzero(enough).tolist():
+            cgroup_id, threshold_ns = ids[row], bounds[row]
             if self._thresholds.get(cgroup_id) != threshold_ns:
                 try:
                     table[table.Key(cgroup_id)] = table.Leaf(threshold_ns)
@@ -315,12 +315,32 @@ class OutlierStream:
                 self._thresholds[cgroup_id] = threshold_ns
         return dict(self._thresholds)
 
+    def _align(self, ids: list[int]) -> None:
+        """What was seen, in rows for ``ids`` (0 for new ones), then the rows of cgroups not
+        among them: they resume counting if they come back."""
+        row_of = {cgroup_id: row for row, cgroup_id in enumerate(self._previous_ids)}
+        wanted = set(ids)
+        absent = [cgroup_id for cgroup_id in self._previous_ids if cgroup_id not in wanted]
+        order = [*ids, *absent]
+        rows = np.zeros((len(order), NUM_BUCKETS), np.int64)
+        overflow = np.zeros(len(order), np.int64)
+        seen = [(row, row_of[i]) for row, i in enumerate(order) if i in row_of]
+        if seen:
+            new_rows, old_rows = (np.array(side) for side in zip(*seen, strict=True))
+            rows[new_rows] = self._previous_rows[old_rows]
+            overflow[new_rows] = self._previous_overflow[old_rows]
+        self._previous_ids = order
+        self._previous_rows, self._previous_overflow = rows, overflow
+
     def forget(self, cgroup_ids: set[int]) -> None:
         """Drop removed cgroups' stack counts and thresholds (here and in the kernel)."""
         self._counts = {k: n for k, n in self._counts.items() if k[0] not in cgroup_ids}
+        kept = [row for row, i in enumerate(self._previous_ids) if i not in cgroup_ids]
+        self._previous_ids = [self._previous_ids[row] for row in kept]
+        self._previous_rows = self._previous_rows[kept]
+        self._previous_overflow = self._previous_overflow[kept]
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
         for cgroup_id in cgroup_ids:
-            self._previous.pop(cgroup_id, None)
             if self._thresholds.pop(cgroup_id, None) is not None:
                 try:
                     del table[table.Key(cgroup_id)]

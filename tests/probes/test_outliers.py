@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from tailsight.histfile import Counter, HistDocument
 from tailsight.probes.base import Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     LOST_STACK,
+    MIN_THRESHOLD_SAMPLES,
     NO_THRESHOLD_NS,
     OUTLIER_QUANTILE,
     OutlierEvent,
@@ -381,3 +383,36 @@ def test_thresholds_follow_the_interval_p99_with_enough_samples() -> None:
     # too few new samples: kept
     stream.update_thresholds({1: slower.merge(Histogram.from_samples([1] * 50))})
     assert thresholds[1] == 2_000_000
+
+
+# Per interval, per cgroup: (value, how many times), so that counts near the minimum are common.
+_SAMPLES = st.lists(st.tuples(st.integers(1, 3_000_000), st.integers(1, 60)), max_size=3)
+
+
+@given(st.lists(st.dictionaries(st.integers(1, 5), _SAMPLES, max_size=4), min_size=1, max_size=6))
+def test_thresholds_are_the_p99_since_each_cgroups_last_threshold(
+    runs: list[dict[int, list[tuple[int, int]]]],
+) -> None:
+    """Cgroups come, go and change order between calls: each threshold is the P99 bucket of the
+    samples since that cgroup's last threshold (by a naive scan), once there are enough."""
+    stream = OutlierStream(_FakeBpf(), "x")
+    bounds = bucket_upper_bounds_ns()
+    cumulative: dict[int, list[int]] = {}
+    pending: dict[int, list[int]] = {}  # samples since the last threshold, per cgroup
+    expected: dict[int, int] = {}
+    for run in runs:
+        interval = {i: [v for v, n in pairs for _ in range(n)] for i, pairs in run.items()}
+        for cgroup_id, samples in interval.items():
+            cumulative.setdefault(cgroup_id, []).extend(samples)
+            pending.setdefault(cgroup_id, []).extend(samples)
+        shown = sorted(interval, reverse=len(interval) % 2 == 1)  # order changes too
+        got = stream.update_thresholds(
+            {i: Histogram.from_samples(cumulative[i]) for i in shown if i in cumulative}
+        )
+        for cgroup_id in shown:
+            samples = sorted(pending.get(cgroup_id, []))
+            if len(samples) >= MIN_THRESHOLD_SAMPLES:
+                rank = math.ceil(OUTLIER_QUANTILE * len(samples))
+                expected[cgroup_id] = int(bounds[bucket_index(samples[max(rank, 1) - 1])])
+                pending[cgroup_id] = []
+        assert got == expected
