@@ -35,13 +35,15 @@ Named = tuple[dict[str, str], tuple[tuple[str, str], ...], str] | None
 """How ``Snapshot.to_document`` named a raw key (labels, sorted labels, their text for sorting
 documents), or None: filtered out."""
 MEMO_GENERATION_INTERVALS: Final = 60
+MEMO_GENERATION_KEYS: Final = 65_536
+"""A generation also ends at this many keys (cgroup churn): every pair of 256 slots."""
 
 
 class LabelMemo:
     """How ``Snapshot.to_document`` named each raw key, kept from one interval to the next: the
-    keys named in this generation of MEMO_GENERATION_INTERVALS intervals or the one before. A
-    busy host names thousands of victim x aggressor pairs, many not every interval; the keys of
-    cgroups long gone age out."""
+    keys named in this generation (MEMO_GENERATION_INTERVALS intervals or MEMO_GENERATION_KEYS
+    keys) or the one before. A busy host names thousands of victim x aggressor pairs, many not
+    every interval; the keys of cgroups long gone age out."""
 
     def __init__(self) -> None:
         self.current: dict[Labels, Named] = {}
@@ -51,7 +53,9 @@ class LabelMemo:
     def recall(self, keys: Iterable[Labels]) -> list[Labels]:
         """Bring these keys into the current generation; those never named (or aged out)."""
         self.intervals += 1
-        if self.intervals % MEMO_GENERATION_INTERVALS == 0:
+        if self.intervals % MEMO_GENERATION_INTERVALS == 0 or (
+            len(self.current) > MEMO_GENERATION_KEYS
+        ):
             self.previous, self.current = self.current, {}
         current, previous = self.current, self.previous
         missing: dict[Labels, None] = {}  # each once: a pair's keys come once per counter

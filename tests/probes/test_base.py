@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
+from tailsight.probes import base
 from tailsight.probes.base import (
     MEMO_GENERATION_INTERVALS,
     LabelMemo,
@@ -220,3 +221,17 @@ def test_document_counters_come_sorted_as_their_label_pairs(paths: list[str]) ->
     doc = Snapshot("runqueue", 2, {}, counters).to_document(1, _names(names))
     keys = [(c.name, c.key) for c in doc.counters]
     assert keys == sorted(keys)
+
+
+def test_label_memo_holds_at_most_two_generations_of_keys_under_churn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New cgroups every interval (churn): a generation ends at MEMO_GENERATION_KEYS keys, so
+    the memo holds at most two generations' worth plus one interval's."""
+    monkeypatch.setattr(base, "MEMO_GENERATION_KEYS", 10)
+    memo = LabelMemo()
+    for interval in range(50):
+        counters = {(DROPPED, labels(cgroup=1000 * interval + n)): 1 for n in range(4)}
+        every_path = {1000 * interval + n: f"/c{interval}-{n}" for n in range(4)}
+        Snapshot("runqueue", 2, {}, counters).to_document(1, _names(every_path), memo=memo)
+        assert len(memo.current) + len(memo.previous) <= 2 * (10 + 4)
