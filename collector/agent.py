@@ -72,9 +72,8 @@ class _Attached:
     probe: Probe
     previous: Snapshot
     status: ProbeStatus
-    named: LabelMemo = field(
-        default_factory=LabelMemo
-    )  # Snapshot.to_document's, interval to interval
+    # Snapshot.to_document's, interval to interval
+    named: LabelMemo = field(default_factory=LabelMemo)
 
 
 @dataclass

@@ -812,10 +812,12 @@ def _add_coarse(slots: Sequence[_Cumulative], parts: Sequence[SparseHistogram]) 
     """Add each part to its slot, re-bucketed exactly onto the coarse buckets (cf.
     ``Histogram.rebucket``): one bincount over every part's non-zero buckets, then one add per
     slot (a busy host's interval holds hundreds of parts, folded into far fewer slots)."""
-    row_of: dict[int, int] = {}
+    row_of: dict[int, int] = {}  # by id(): a slot is a mutable dataclass
+    unique: list[_Cumulative] = []
     for slot in slots:
-        row_of.setdefault(id(slot), len(row_of))
-    unique = {id(slot): slot for slot in slots}
+        if id(slot) not in row_of:
+            row_of[id(slot)] = len(unique)
+            unique.append(slot)
     rows = np.array([row_of[id(slot)] for slot in slots], dtype=np.int64)
     lengths = [len(part.index) for part in parts]
     width = len(COARSE_BOUNDS_NS) + 1
@@ -824,10 +826,9 @@ def _add_coarse(slots: Sequence[_Cumulative], parts: Sequence[SparseHistogram]) 
         count = np.concatenate([part.count for part in parts])
         flat = np.repeat(rows, lengths) * width + _COARSE_OF_FINE[index]
         # float64 weights are exact below 2^53: one interval's counts are far below.
-        added = np.bincount(flat, count, len(row_of) * width).astype(np.int64)
-        block = added.reshape(len(row_of), width)
-        for key, row in row_of.items():
-            unique[key].coarse += block[row]
+        added = np.bincount(flat, count, len(unique) * width).astype(np.int64)
+        for slot, row in zip(unique, added.reshape(len(unique), width), strict=True):
+            slot.coarse += row
     for slot, part in zip(slots, parts, strict=True):
         slot.coarse[-1] += part.overflow
         slot.sum_ns += part.sum_ns

@@ -10,7 +10,7 @@ cardinality budget (Prometheus) should drop or top-K them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -126,6 +126,17 @@ def _cgroup_ids(keys: Iterable[Labels]) -> set[int]:
 
 def _names_cgroup(key: Labels) -> bool:
     return any(name in CGROUP_LABELS for name, _ in key)
+
+
+def matching_rows(
+    earlier: Sequence[int], now: Sequence[int]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """(rows in ``now``, rows in ``earlier``) of the ids both hold: to carry a block with a row
+    per id over to ids that came, went or moved since."""
+    row_of = {cgroup_id: row for row, cgroup_id in enumerate(earlier)}
+    both = [(row, row_of[i]) for row, i in enumerate(now) if i in row_of]
+    now_rows = np.array([row for row, _ in both], dtype=np.intp)
+    return now_rows, np.array([row for _, row in both], dtype=np.intp)
 
 
 def labels(**values: LabelValue) -> Labels:
@@ -363,11 +374,8 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
             before = earlier.matrix
         else:  # slots taken or given back since: align the earlier matrix on these ids
             before = np.zeros_like(self.matrix)
-            row_of = {cgroup_id: row for row, cgroup_id in enumerate(self.ids)}
-            kept = [(row, row_of[i]) for row, i in enumerate(earlier.ids) if i in row_of]
-            if kept:
-                old_rows, rows = (np.array(side) for side in zip(*kept, strict=True))
-                before[np.ix_(rows, rows)] = earlier.matrix[np.ix_(old_rows, old_rows)]
+            rows, old_rows = matching_rows(earlier.ids, self.ids)
+            before[np.ix_(rows, rows)] = earlier.matrix[np.ix_(old_rows, old_rows)]
         # A pair not there before counts from 0, as a counter new to the mapping would.
         existed = before[:, :, self.present] != 0
         before = np.where(existed[:, :, None], before, np.uint64(0))

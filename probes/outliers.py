@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels
+from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels, matching_rows
 from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
 
 OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
@@ -318,17 +318,14 @@ class OutlierStream:
     def _align(self, ids: list[int]) -> None:
         """What was seen, in rows for ``ids`` (0 for new ones), then the rows of cgroups not
         among them: they resume counting if they come back."""
-        row_of = {cgroup_id: row for row, cgroup_id in enumerate(self._previous_ids)}
         wanted = set(ids)
         absent = [cgroup_id for cgroup_id in self._previous_ids if cgroup_id not in wanted]
         order = [*ids, *absent]
         rows = np.zeros((len(order), NUM_BUCKETS), np.int64)
         overflow = np.zeros(len(order), np.int64)
-        seen = [(row, row_of[i]) for row, i in enumerate(order) if i in row_of]
-        if seen:
-            new_rows, old_rows = (np.array(side) for side in zip(*seen, strict=True))
-            rows[new_rows] = self._previous_rows[old_rows]
-            overflow[new_rows] = self._previous_overflow[old_rows]
+        new_rows, old_rows = matching_rows(self._previous_ids, order)
+        rows[new_rows] = self._previous_rows[old_rows]
+        overflow[new_rows] = self._previous_overflow[old_rows]
         self._previous_ids = order
         self._previous_rows, self._previous_overflow = rows, overflow
 

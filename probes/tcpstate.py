@@ -226,8 +226,8 @@ class TcpStateProbe(BccProbe):
                 port,
             )
 
-        # A series' labels by its key's bytes: naming the same 512 keys afresh each read was
-        # most of the read on a busy host.
+        # A series' labels by its key's bytes: naming the same 512 keys afresh each read was a
+        # third of the read's profile on a busy host.
         named = self._labels_of_key
         if len(named) > 4 * MAX_SERIES:  # keys of series long gone
             named.clear()
