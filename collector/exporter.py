@@ -271,6 +271,7 @@ class PrometheusExporter:
         self.renders = 0
         self._render_lock = threading.Lock()
         self._rendered: tuple[int, bytes] | None = None
+        self._templates: dict[tuple[str, Labels], str] = {}  # render_text's, kept between renders
 
     # -- feeding ----------------------------------------------------------------------------
 
@@ -468,16 +469,18 @@ class PrometheusExporter:
             names = _label_names(labels for labels, _ in entries)
             about = described().get(base)
             help_text = GENERIC_HELP["histogram"]
-            family = Family(name, "histogram", f"{about} {help_text}" if about else help_text)
+            shape = (
+                *((f"{name}_bucket", le) for le in les),
+                (f"{name}_count", None),
+                (f"{name}_sum", None),
+            )
+            family = Family(
+                name, "histogram", f"{about} {help_text}" if about else help_text, shape
+            )
             for labels, slot in entries:
-                pairs = _pairs(labels, names)
-                cumulative = np.cumsum(slot.coarse).tolist()
-                family.samples += [
-                    (f"{name}_bucket", pairs, le, float(n))
-                    for le, n in zip(les, cumulative, strict=True)
-                ]
-                family.samples.append((f"{name}_count", pairs, None, float(cumulative[-1])))
-                family.samples.append((f"{name}_sum", pairs, None, slot.sum_ns / 1e9))
+                cumulative = np.cumsum(slot.coarse).astype(np.float64).tolist()
+                values = (*cumulative, cumulative[-1], slot.sum_ns / 1e9)
+                family.series.append((_pairs(labels, names), values))
             out.append(family)
         return out
 
@@ -498,8 +501,12 @@ class PrometheusExporter:
             names = _label_names(self._with_pods(key) for key in series)
             about = described().get(base)
             help_text = GENERIC_HELP["quantile"]
+            name = f"{base}_quantile_seconds"
             family = Family(
-                f"{base}_quantile_seconds", "gauge", f"{about} {help_text}" if about else help_text
+                name,
+                "gauge",
+                f"{about} {help_text}" if about else help_text,
+                tuple((name, q_label) for q_label in quantile_labels),
             )
             ordered = sorted(series.items())
             quantiles = _quantiles_ns([members for _, members in ordered], QUANTILES)
@@ -507,10 +514,7 @@ class PrometheusExporter:
                 if values_ns is None:
                     continue
                 pairs = _pairs(self._with_pods(series_key), names)
-                family.samples += [
-                    (family.name, pairs, q_label, value_ns / 1e9)
-                    for q_label, value_ns in zip(quantile_labels, values_ns, strict=True)
-                ]
+                family.series.append((pairs, tuple([value_ns / 1e9 for value_ns in values_ns])))
             out.append(family)
         return out
 
@@ -523,9 +527,8 @@ class PrometheusExporter:
             names = _label_names(labels for labels, _, _ in entries)
             help_text = described().get(name, GENERIC_HELP["counter"])
             family = Family(name, "counter", help_text)
-            family.samples = [
-                (f"{name}_total", _pairs(labels, names), None, float(total * scale))
-                for labels, scale, total in entries
+            family.series = [
+                (_pairs(labels, names), (float(total * scale),)) for labels, scale, total in entries
             ]
             out.append(family)
         return out
@@ -651,7 +654,10 @@ class PrometheusExporter:
         with self._render_lock:
             generation = self.generation
             if self._rendered is None or self._rendered[0] != generation:
-                self._rendered = (generation, render_text(self.families()))
+                families = self.families()
+                if len(self._templates) > 2 * sum(len(f.series) for f in families) + 1024:
+                    self._templates.clear()  # series churned: keep only the live ones' templates
+                self._rendered = (generation, render_text(families, self._templates))
                 self.renders += 1
             return self._rendered[1]
 
@@ -680,45 +686,85 @@ class PrometheusExporter:
         return registry
 
 
+Shape = tuple[tuple[str, tuple[str, str] | None], ...]
+"""A family's samples per series: (sample name, extra label or None), one per value."""
+
+
 @dataclass
 class Family:
-    """One metric family as exposed: samples are (name, labels, extra label or None, value);
-    the extra label (``le``, ``q``) is kept apart so a series' labels are escaped once."""
+    """One metric family as exposed: each series is its labels and one value per entry of the
+    family's ``shape`` (a histogram's buckets, count and sum; a quantile gauge's ``q`` values).
+    The extra label (``le``, ``q``) is kept apart so a series' labels are escaped once."""
 
     name: str
     kind: str  # counter (samples named <name>_total) | gauge | histogram
     help: str
-    samples: list[tuple[str, Labels, tuple[str, str] | None, float]] = field(default_factory=list)
+    shape: Shape = ()  # default: one sample, <name>_total for a counter, else <name>
+    series: list[tuple[Labels, tuple[float, ...]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.shape:
+            self.shape = ((f"{self.name}_total" if self.kind == "counter" else self.name, None),)
 
     def add(self, labels: Labels, value: float) -> None:
-        sample = f"{self.name}_total" if self.kind == "counter" else self.name
-        self.samples.append((sample, labels, None, float(value)))
+        """A series of a one-sample family."""
+        self.series.append((labels, (float(value),)))
+
+    @property
+    def samples(self) -> list[tuple[str, Labels, tuple[str, str] | None, float]]:
+        """Every sample: (name, labels, extra label or None, value)."""
+        return [
+            (name, labels, extra, value)
+            for labels, values in self.series
+            for (name, extra), value in zip(self.shape, values, strict=True)
+        ]
 
 
-def render_text(families: Iterable[Family]) -> bytes:
+def render_text(
+    families: Iterable[Family], templates: dict[tuple[str, Labels], str] | None = None
+) -> bytes:
     """Prometheus text format 0.0.4 (what prometheus-client's ``generate_latest`` writes, at a
-    fraction of its cost: a series' label text is built once for all its buckets)."""
-    lines: list[str] = []
-    extras: dict[tuple[str, str], str] = {}  # le / q pairs: a few dozen values
+    fraction of its cost). Each series' lines are one %-template with its label text, kept in
+    ``templates`` from one render to the next: a render formats only the numbers. Templates are
+    keyed by family name and labels, so a family's name must fix its shape."""
+    templates = {} if templates is None else templates
+    chunks: list[str] = []
     for family in families:
         exposed = f"{family.name}_total" if family.kind == "counter" else family.name
         help_text = family.help.replace("\\", r"\\").replace("\n", r"\n")
-        lines.append(f"# HELP {exposed} {help_text}\n# TYPE {exposed} {family.kind}\n")
-        previous: Labels | None = None
-        base = ""
-        for name, labels, extra, value in family.samples:
-            if labels is not previous:  # a series' samples share one labels object
-                previous = labels
-                base = ",".join([_label_pair(pair) for pair in labels])
-            text = base
-            if extra is not None:
-                extra_text = extras.get(extra)
-                if extra_text is None:
-                    extra_text = extras[extra] = _label_pair(extra)
-                text = f"{base},{extra_text}" if base else extra_text
-            number = repr(value) if value - value == 0 else _special(value)  # inf, nan
-            lines.append(f"{name}{{{text}}} {number}\n" if text else f"{name} {number}\n")
-    return "".join(lines).encode("utf-8")
+        chunks.append(f"# HELP {exposed} {help_text}\n# TYPE {exposed} {family.kind}\n")
+        for labels, values in family.series:
+            template = templates.get((family.name, labels))
+            if template is None:
+                template = templates[(family.name, labels)] = _template(family.shape, labels)
+            if math.isfinite(sum(values)):  # %r writes inf and nan unlike the format
+                chunks.append(template % values)
+            else:
+                chunks.append(template % tuple(_Number(value) for value in values))
+    return "".join(chunks).encode("utf-8")
+
+
+def _template(shape: Shape, labels: Labels) -> str:
+    """The %-template of one series' lines: a ``%r`` where each value goes."""
+    base = ",".join([_label_pair(pair) for pair in labels])
+    lines = []
+    for name, extra in shape:
+        text = (
+            base
+            if extra is None
+            else (f"{base},{_label_pair(extra)}" if base else _label_pair(extra))
+        )
+        lines.append(f"{name}{{{text}}} " if text else f"{name} ")
+    return "".join(line.replace("%", "%%") + "%r\n" for line in lines)
+
+
+class _Number(float):
+    """A value as the text format writes it: ``repr`` except +Inf, -Inf and NaN."""
+
+    def __repr__(self) -> str:
+        if math.isfinite(self):
+            return float.__repr__(self)
+        return "NaN" if math.isnan(self) else ("+Inf" if self > 0 else "-Inf")
 
 
 def _label_pair(pair: tuple[str, str]) -> str:
@@ -726,10 +772,6 @@ def _label_pair(pair: tuple[str, str]) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return f'{name}="{value}"'
-
-
-def _special(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
 
 def _quantiles_ns(
@@ -846,11 +888,13 @@ def _subject(labels: Mapping[str, str]) -> str | None:
     return labels.get("cgroup", labels.get("victim"))
 
 
-def _label_names(keys: Iterable[LabelKey]) -> list[str]:
-    return sorted({name for key in keys for name, _ in key})
+def _label_names(keys: Iterable[LabelKey]) -> tuple[str, ...]:
+    return tuple(sorted({name for key in keys for name, _ in key}))
 
 
-def _pairs(labels: LabelKey, names: list[str]) -> Labels:
-    """The family's label names in order, "" where this series lacks one."""
+@functools.lru_cache(maxsize=1 << 16)
+def _pairs(labels: LabelKey, names: tuple[str, ...]) -> Labels:
+    """The family's label names in order, "" where this series lacks one (remembered: a series
+    keeps its labels from one render to the next)."""
     named = dict(labels)
     return tuple((name, named.get(name, "")) for name in names)

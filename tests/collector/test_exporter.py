@@ -20,6 +20,7 @@ from tailsight.collector.exporter import (
     COARSE_BOUNDS_NS,
     FOLD_MAX_AGE,
     TOP_K_HYSTERESIS,
+    Family,
     ProbeStatus,
     PrometheusExporter,
     _quantiles_ns,
@@ -442,6 +443,63 @@ def test_rendered_text_equals_prometheus_client_rendering_of_the_same_families()
         ):
             assert value == pytest.approx(theirs[key], rel=1e-12), key
     assert any(odd in part for key in ours for part in key)
+
+
+_LABEL_TEXT = st.text(alphabet='ab%"\\\n {}=,', max_size=6)  # format and escape characters
+_VALUE = st.floats(allow_nan=True, allow_infinity=True) | st.integers(0, 10**9).map(float)
+
+
+@st.composite
+def _families(draw: st.DrawFn, rounds: int) -> list[list[Family]]:
+    """Families of gauges, counters and 4-sample "q" gauges, with the same series in every
+    round and new values each time; each round may add series of its own."""
+    specs = draw(st.lists(st.sampled_from(["gauge", "counter", "q"]), min_size=1, max_size=3))
+    out: list[list[Family]] = [[] for _ in range(rounds)]
+    for n, kind in enumerate(specs):
+        name = f"tailsight_t{n}"
+        shape = tuple((name, ("q", q)) for q in ("0.5", "0.9", "0.99", "0.999"))
+        width = len(shape) if kind == "q" else 1
+        kept = draw(st.lists(_LABEL_TEXT, max_size=4, unique=True))
+        for round_families in out:
+            family = Family(
+                name, "gauge" if kind == "q" else kind, "help %s\\ \n", shape if kind == "q" else ()
+            )
+            fresh = draw(st.lists(_LABEL_TEXT, max_size=2, unique=True))
+            for value in dict.fromkeys([*kept, *fresh]):
+                values = tuple(draw(st.lists(_VALUE, min_size=width, max_size=width)))
+                family.series.append(((("a", value), ("b", "x%d")), values))
+            round_families.append(family)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(_families(rounds=3))
+def test_text_templates_kept_between_renders_give_prometheus_clients_text(
+    rounds: list[list[Family]],
+) -> None:
+    """Each render fills the series' kept templates with new values: every render parses to the
+    samples prometheus-client writes for the same families ('%', escapes, inf and NaN
+    included)."""
+    exporter = PrometheusExporter()
+    shown: list[list[Family]] = [[]]
+    exporter.extra_families.append(lambda: shown[0])
+    registry = exporter.register()
+    for families in rounds:
+        shown[0] = families
+        exporter.changed()
+        text = exporter.exposition().decode()
+        ours = parse(text)
+        theirs = parse(generate_latest(registry).decode())
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            if key[0].startswith("tailsight_t"):
+                assert value == theirs[key] or (math.isnan(value) and math.isnan(theirs[key])), key
+        # The format's own spelling of the special values (Python's repr would write inf, nan).
+        written = {line.rsplit(" ", 1)[1] for line in text.splitlines() if line[0] != "#"}
+        assert not written & {"inf", "-inf", "nan"}
+        assert sum(key[0].startswith("tailsight_t") for key in ours) == sum(
+            len(f.series) * len(f.shape) for f in families
+        )
 
 
 def test_window_quantiles_match_histogram_quantiles_exactly() -> None:
