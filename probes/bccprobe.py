@@ -63,10 +63,14 @@ def slot_histograms(
     ``HIST_ROW`` array (finite buckets, then overflow) and the exact sums beside them
     (``hist.bpf.h``'s bucket layout). The block is checked once (each row's total fits in int64),
     not row by row: a busy host's read holds hundreds."""
-    totals = rows.sum(axis=1, dtype=np.float64)
-    if totals.size and float(totals.max()) >= 2.0**63:
-        raise ValueError("bucket count does not fit in int64")
-    kept = np.flatnonzero(totals).tolist()
+    peaks = rows.max(axis=1)
+    # A row's total is at most its width times its largest count: below that bound no total
+    # can reach 2^63, and the float sums (six times the cost of the maxima) are not needed.
+    if peaks.size and int(peaks.max()) >= 2**63 // rows.shape[1]:
+        totals = rows.sum(axis=1, dtype=np.float64)
+        if float(totals.max()) >= 2.0**63:
+            raise ValueError("bucket count does not fit in int64")
+    kept = np.flatnonzero(peaks).tolist()
     # Views into the block, reinterpreted as int64 (every count is below 2^63, checked above):
     # a copy of hundreds of rows costs a page fault per 4 KiB.
     counts = np.ascontiguousarray(rows).view(np.int64)
