@@ -261,8 +261,8 @@ class Snapshot:
             result = (dict(slot), slot, text) if kept else None
             (known_keys if known else uncached)[key] = result
         grouped: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Labels]]] = {}
-        for key in self.histograms:
-            resolved = uncached[key] if key in uncached else known_keys[key]
+        for key in self.histograms:  # `not uncached` first: one hash of the key, usually
+            resolved = known_keys[key] if not uncached or key not in uncached else uncached[key]
             if resolved is None:
                 continue
             named, slot, _ = resolved
@@ -281,25 +281,23 @@ class Snapshot:
             for key in keys[1:]:
                 hist = hist.merge(self.histograms[key])
             series.append(Series(named, hist, slot))
-        totals: dict[tuple[str, str], tuple[dict[str, str], tuple[tuple[str, str], ...], int]] = {}
+        # By name and labels' text joined by NUL: sorted as the tuples would be (see above).
+        totals: dict[str, tuple[str, dict[str, str], int, tuple[tuple[str, str], ...]]] = {}
         for (counter_name, key), value in self.counters.items():
-            resolved = uncached[key] if key in uncached else known_keys[key]
+            resolved = known_keys[key] if not uncached or key not in uncached else uncached[key]
             if resolved is None:
                 continue
             named, slot, text = resolved
-            text_key = (counter_name, text)
+            text_key = f"{counter_name}\0{text}"
             previous_total = totals.get(text_key)
             if previous_total is not None:  # ids merged into one path
                 value += previous_total[2]
-            totals[text_key] = (named, slot, value)
+            totals[text_key] = (counter_name, named, value, slot)
         return HistDocument(
             start_ns=start_ns,
             end_ns=self.taken_ns,
             series=series,
-            counters=[
-                Counter(counter_name, named, value, slot)
-                for (counter_name, _), (named, slot, value) in sorted(totals.items())
-            ],
+            counters=[Counter(*totals[text_key]) for text_key in sorted(totals)],
         )
 
 

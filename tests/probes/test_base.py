@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tailsight.hist import Histogram
@@ -207,13 +207,22 @@ def test_label_memo_names_as_without_it_and_forgets_keys_unused_for_a_generation
     assert labels(reason="hist_full") in memo.current
 
 
-@given(st.lists(st.text(st.characters(min_codepoint=1), max_size=4), min_size=3, max_size=3))
-def test_document_counters_come_sorted_as_their_label_pairs(paths: list[str]) -> None:
-    """Counters sort by (name, sorted labels) as tuples would, paths prefixes of each other
-    included (the document sorts them as text)."""
+_TEXT = st.characters(min_codepoint=1)  # no NUL, as in label values
+
+
+@given(
+    st.lists(st.text(_TEXT, max_size=4), min_size=3, max_size=3),
+    st.lists(st.text(_TEXT, min_size=1, max_size=3), min_size=2, max_size=3, unique=True),
+)
+@example(["a", "b", "c"], ["b", "ba"])  # "b" + "aggressor..." sorts after "ba" + "aggressor..."
+def test_document_counters_come_sorted_as_their_label_pairs(
+    paths: list[str], counter_names: list[str]
+) -> None:
+    """Counters sort by (name, sorted labels) as tuples would, paths and names that are
+    prefixes of each other included (the document sorts them as text)."""
     counters = {
         (name, labels(victim=v, aggressor=a)): 1
-        for name in (WAIT, SWITCHES)
+        for name in counter_names
         for v in (10, 11, 12)
         for a in (0, 10, 11, 12)
     }
