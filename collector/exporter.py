@@ -160,6 +160,10 @@ class _Fold:
     probe: str
     cgroups: tuple[str, ...]
     seen: int  # the last interval that exported it (``PrometheusExporter.intervals``)
+    # Where ``update`` adds the series (held here: thousands of lookups an interval less). Its
+    # cgroups' leaving the top-K retires the total and drops this fold with it.
+    histogram: _Cumulative | None = None
+    counter: _Total | None = None
 
 
 @dataclass
@@ -168,6 +172,14 @@ class _Cumulative:
 
     coarse: npt.NDArray[np.int64]
     sum_ns: int = 0
+
+
+@dataclass(slots=True)
+class _Total:
+    """An exported counter since export start, in the probe's unit (``scale`` to the metric's)."""
+
+    scale: float
+    total: int = 0
 
 
 class _Sliding(Generic[K, P]):
@@ -254,7 +266,7 @@ class PrometheusExporter:
         self._folds_indexed = 0  # entries in _folds_of: rebuilt when far above live folds
         self._folded: dict[str, int] = {}
         self._cumulative: dict[tuple[str, LabelKey], _Cumulative] = {}
-        self._counters: dict[tuple[str, LabelKey], tuple[float, int]] = {}
+        self._counters: dict[tuple[str, LabelKey], _Total] = {}
         self._last: HistDocument | None = None
         self._last_sparse: dict[LabelKey, SparseHistogram] = {}
         self.probes: dict[str, ProbeStatus] = {}
@@ -287,18 +299,23 @@ class PrometheusExporter:
             self._rank(document, raws, sparse)
             slots = []
             for raw in raws:
-                base, folded, _ = self._folded_key("", raw)
-                slot = self._cumulative.get((base, folded))
+                fold = self._folded_key("", raw)
+                slot = fold.histogram
                 if slot is None:
-                    slot = self._cumulative[(base, folded)] = _Cumulative(
-                        np.zeros(len(COARSE_BOUNDS_NS) + 1, dtype=np.int64)
+                    coarse = np.zeros(len(COARSE_BOUNDS_NS) + 1, dtype=np.int64)
+                    slot = fold.histogram = self._cumulative.setdefault(
+                        (fold.exported, fold.folded), _Cumulative(coarse)
                     )
                 slots.append(slot)
             _add_coarse(slots, [sparse[raw] for raw in raws])
             for c in document.counters:
-                name, folded, scale = self._folded_key(c.name, key_of(c))
-                _, total = self._counters.get((name, folded), (scale, 0))
-                self._counters[(name, folded)] = (scale, total + c.value)
+                fold = self._folded_key(c.name, key_of(c))
+                total = fold.counter
+                if total is None:
+                    total = fold.counter = self._counters.setdefault(
+                        (fold.exported, fold.folded), _Total(fold.scale)
+                    )
+                total.total += c.value
             for window in self._windows.values():
                 window.add(document.end_ns, sparse)
             self._last, self._last_sparse = document, sparse
@@ -307,7 +324,7 @@ class PrometheusExporter:
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
-    def _folded_key(self, name: str, raw: LabelKey) -> tuple[str, LabelKey, float]:
+    def _folded_key(self, name: str, raw: LabelKey) -> _Fold:
         """Exported name (a histogram's metric base when ``name`` is "", else the counter's),
         folded labels and scale of a raw series; remembered until one of its cgroups enters or
         leaves the top-K (``_rank`` drops those) or it goes FOLD_MAX_AGE intervals unexported."""
@@ -329,7 +346,7 @@ class PrometheusExporter:
             for cgroup in cgroups:
                 self._folds_of.setdefault((probe, cgroup), []).append((name, raw))
             self._folds_indexed += len(cgroups)
-        return known.exported, known.folded, known.scale
+        return known
 
     def _prune_folds(self) -> None:
         """Every FOLD_MAX_AGE intervals, forget how series unexported that long were exported:
@@ -363,10 +380,12 @@ class PrometheusExporter:
                 counts[key] = counts.get(key, 0) + sparse[raw].total
         # Probes without histograms (migration) rank by their event counters instead.
         with_histograms = {s.labels.get("probe", "") for s in document.series}
-        for c in document.counters:
-            subject = _subject(c.labels)
+        for c in document.counters:  # thousands on a busy host: the cheap tests first
             probe = c.labels.get("probe", "")
-            if subject is not None and probe not in with_histograms and not c.name.endswith("_ns"):
+            if probe in with_histograms or c.name.endswith("_ns"):
+                continue
+            subject = _subject(c.labels)
+            if subject is not None:
                 counts[(probe, subject)] = counts.get((probe, subject), 0) + c.value
         for key, n in counts.items():
             self._rank_totals[key] = self._rank_totals.get(key, 0) + n
@@ -492,9 +511,9 @@ class PrometheusExporter:
         grouped: dict[str, dict[LabelKey, list[SparseHistogram | Histogram]]] = {}
         for window, parts in views:
             for raw, part in parts.items():
-                base, folded, _ = self._folded_key("", raw)
-                series_key = (*folded, ("window", window))  # "window" is no series label
-                grouped.setdefault(base, {}).setdefault(series_key, []).append(part)
+                fold = self._folded_key("", raw)
+                series_key = (*fold.folded, ("window", window))  # "window" is no series label
+                grouped.setdefault(fold.exported, {}).setdefault(series_key, []).append(part)
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
         for base, series in sorted(grouped.items()):
@@ -520,8 +539,10 @@ class PrometheusExporter:
 
     def _counter_families(self) -> list[Family]:
         grouped: dict[str, list[tuple[LabelKey, float, int]]] = {}
-        for (name, labels), (scale, total) in sorted(self._counters.items()):
-            grouped.setdefault(name, []).append((self._with_pods(labels), scale, total))
+        for (name, labels), counter in sorted(self._counters.items()):
+            grouped.setdefault(name, []).append(
+                (self._with_pods(labels), counter.scale, counter.total)
+            )
         out: list[Family] = []
         for name, entries in grouped.items():
             names = _label_names(labels for labels, _, _ in entries)
