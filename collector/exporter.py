@@ -497,7 +497,7 @@ class PrometheusExporter:
                 name, "histogram", f"{about} {help_text}" if about else help_text, shape
             )
             for labels, slot in entries:
-                cumulative = np.cumsum(slot.coarse).astype(np.float64).tolist()
+                cumulative = np.cumsum(slot.coarse).tolist()  # ints: "9", as Go's client writes
                 values = (*cumulative, cumulative[-1], slot.sum_ns / 1e9)
                 family.series.append((_pairs(labels, names), values))
             out.append(family)
@@ -744,10 +744,11 @@ class Family:
 def render_text(
     families: Iterable[Family], templates: dict[tuple[str, Labels], str] | None = None
 ) -> bytes:
-    """Prometheus text format 0.0.4 (what prometheus-client's ``generate_latest`` writes, at a
-    fraction of its cost). Each series' lines are one %-template with its label text, kept in
-    ``templates`` from one render to the next: a render formats only the numbers. Templates are
-    keyed by family name and labels, so a family's name must fix its shape."""
+    """Prometheus text format 0.0.4 (the samples prometheus-client's ``generate_latest`` writes,
+    integer values as integers, at a fraction of its cost). Each series' lines are one
+    %-template with its label text, kept in ``templates`` from one render to the next: a render
+    formats only the numbers. Templates are keyed by family name and labels, so a family's name
+    must fix its shape."""
     templates = {} if templates is None else templates
     chunks: list[str] = []
     for family in families:
