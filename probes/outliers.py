@@ -120,7 +120,10 @@ def p99_bucket_upper_bounds_ns(
 ) -> npt.NDArray[np.uint64]:
     """Per row of ``counts``: the upper bound of the bucket holding the P99 rank of ``totals``
     samples (the row's sum plus its overflow), ``NO_THRESHOLD_NS`` if that rank overflows."""
-    reached = np.cumsum(counts, axis=1) >= (OUTLIER_QUANTILE * totals)[:, None]
+    # An integer count reaches the rank iff it reaches its ceiling: integers compared, not the
+    # cumulative counts made floats.
+    rank = np.ceil(OUTLIER_QUANTILE * totals).astype(np.int64)
+    reached = np.cumsum(counts, axis=1) >= rank[:, None]
     bounds = bucket_upper_bounds_ns().astype(np.uint64)[reached.argmax(axis=1)]
     return np.where(reached.any(axis=1) & (totals > 0), bounds, np.uint64(NO_THRESHOLD_NS))
 
@@ -298,7 +301,7 @@ class OutlierStream:
         before_overflow = self._previous_overflow[: len(ids)]
         counts = now - before
         overflow = now_overflow - before_overflow
-        if (counts < 0).any() or (overflow < 0).any():
+        if counts.min() < 0 or overflow.min() < 0:
             raise ValueError("a cumulative histogram went down: counter reset")
         totals = counts.sum(axis=1) + overflow
         bounds = p99_bucket_upper_bounds_ns(counts, totals).tolist()
