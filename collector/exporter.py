@@ -496,8 +496,9 @@ class PrometheusExporter:
             family = Family(
                 name, "histogram", f"{about} {help_text}" if about else help_text, shape
             )
-            for labels, slot in entries:
-                cumulative = np.cumsum(slot.coarse).tolist()  # ints: "9", as Go's client writes
+            # One cumulative sum for the family's series (ints: "9", as Go's client writes).
+            rows = np.cumsum([slot.coarse for _, slot in entries], axis=1).tolist()
+            for (labels, slot), cumulative in zip(entries, rows, strict=True):
                 values = (*cumulative, cumulative[-1], slot.sum_ns / 1e9)
                 family.series.append((_pairs(labels, names), values))
             out.append(family)
@@ -508,15 +509,21 @@ class PrometheusExporter:
         if self._last is not None:
             views.append((window_label(self.config.interval_s), self._last_sparse))
         views += [(label, window.sums) for label, window in self._windows.items()]
-        grouped: dict[str, dict[LabelKey, list[SparseHistogram | Histogram]]] = {}
+        # Parts by metric base, then by (folded labels, window): the series' labels with its
+        # window are made once per series, not once per part.
+        grouped: dict[str, dict[tuple[LabelKey, str], list[SparseHistogram | Histogram]]] = {}
         for window, parts in views:
             for raw, part in parts.items():
                 fold = self._folded_key("", raw)
-                series_key = (*fold.folded, ("window", window))  # "window" is no series label
-                grouped.setdefault(fold.exported, {}).setdefault(series_key, []).append(part)
+                of_base = grouped.setdefault(fold.exported, {})
+                of_base.setdefault((fold.folded, window), []).append(part)
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
-        for base, series in sorted(grouped.items()):
+        for base, by_window in sorted(grouped.items()):
+            series = {
+                (*folded, ("window", window)): parts  # "window" is no series label
+                for (folded, window), parts in by_window.items()
+            }
             names = _label_names(self._with_pods(key) for key in series)
             about = described().get(base)
             help_text = GENERIC_HELP["quantile"]
