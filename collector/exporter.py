@@ -775,14 +775,10 @@ def render_text(
 
 def _template(shape: Shape, labels: Labels) -> str:
     """The %-template of one series' lines: a ``%r`` where each value goes."""
-    base = ",".join([_label_pair(pair) for pair in labels])
+    pairs = [_label_pair(pair) for pair in labels]
     lines = []
     for name, extra in shape:
-        text = (
-            base
-            if extra is None
-            else (f"{base},{_label_pair(extra)}" if base else _label_pair(extra))
-        )
+        text = ",".join(pairs if extra is None else [*pairs, _label_pair(extra)])
         lines.append(f"{name}{{{text}}} " if text else f"{name} ")
     return "".join(line.replace("%", "%%") + "%r\n" for line in lines)
 
