@@ -260,9 +260,15 @@ class Snapshot:
             text = "\0".join(part for pair in slot for part in pair)
             result = (dict(slot), slot, text) if kept else None
             (known_keys if known else uncached)[key] = result
+
+        def look_up(key: Labels) -> Named:
+            return uncached[key] if key in uncached else known_keys[key]
+
+        # Usually every id is known: then one hash of each key, in the memo.
+        resolve = look_up if uncached else known_keys.__getitem__
         grouped: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[Labels]]] = {}
-        for key in self.histograms:  # `not uncached` first: one hash of the key, usually
-            resolved = known_keys[key] if not uncached or key not in uncached else uncached[key]
+        for key in self.histograms:
+            resolved = resolve(key)
             if resolved is None:
                 continue
             named, slot, _ = resolved
@@ -284,7 +290,7 @@ class Snapshot:
         # By name and labels' text joined by NUL: sorted as the tuples would be (see above).
         totals: dict[str, tuple[str, dict[str, str], int, tuple[tuple[str, str], ...]]] = {}
         for (counter_name, key), value in self.counters.items():
-            resolved = known_keys[key] if not uncached or key not in uncached else uncached[key]
+            resolved = resolve(key)
             if resolved is None:
                 continue
             named, slot, text = resolved
@@ -340,12 +346,17 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
             )
         }
 
+    def _there(self) -> npt.NDArray[np.bool_]:
+        """victim x aggressor: whether the pair is there (its counter ``present`` is not 0)."""
+        there: npt.NDArray[np.bool_] = self.matrix[:, :, self.present] != 0
+        return there
+
     def _mapping(self) -> dict[tuple[str, Labels], int]:
         if self._all is None:
-            present = self.matrix[:, :, self.present] != 0
+            there = self._there()
             self._all = dict(self.others)
             for k in range(len(self.names)):
-                self._all.update(self._cells(present, k))
+                self._all.update(self._cells(there, k))
         return self._all
 
     def __getitem__(self, key: tuple[str, Labels]) -> int:
@@ -359,9 +370,9 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
 
     def cgroup_ids(self) -> set[int]:
         """The ids of the pairs there (0 excluded), as ``_cgroup_ids`` finds them in the keys."""
-        present = self.matrix[:, :, self.present] != 0
-        there = present.any(axis=0) | present.any(axis=1)
-        return {self.ids[i] for i in np.nonzero(there)[0].tolist()} - {0}
+        there = self._there()
+        named = there.any(axis=0) | there.any(axis=1)
+        return {self.ids[i] for i in np.nonzero(named)[0].tolist()} - {0}
 
     def pair_delta(self, earlier: PairCounters) -> dict[tuple[str, Labels], int]:
         """The pair counters that moved since ``earlier``, or that are new (at their value), as
@@ -377,7 +388,7 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
         # A pair not there before counts from 0, as a counter new to the mapping would.
         existed = before[:, :, self.present] != 0
         before = np.where(existed[:, :, None], before, np.uint64(0))
-        present = self.matrix[:, :, self.present] != 0
+        present = self._there()
         new = present & ~existed
         backwards = present[:, :, None] & (self.matrix < before)
         if backwards.any():
