@@ -257,7 +257,7 @@ class PrometheusExporter:
         )
         self._rank_totals: dict[tuple[str, str], int] = {}
         self._kept: dict[str, set[str]] = {}
-        # How each raw series is exported (``_folded_key``), until its cgroups' top-K standing
+        # How each raw series is exported (``_fold_of``), until its cgroups' top-K standing
         # changes: (counter name or "" for a histogram, raw key) -> _Fold.
         self._folds: dict[tuple[str, LabelKey], _Fold] = {}
         # The _folds keys naming each (probe, cgroup): a cgroup entering or leaving the top-K
@@ -299,7 +299,7 @@ class PrometheusExporter:
             self._rank(document, raws, sparse)
             slots = []
             for raw in raws:
-                fold = self._folded_key("", raw)
+                fold = self._fold_of("", raw)
                 slot = fold.histogram
                 if slot is None:
                     coarse = np.zeros(len(COARSE_BOUNDS_NS) + 1, dtype=np.int64)
@@ -309,7 +309,7 @@ class PrometheusExporter:
                 slots.append(slot)
             _add_coarse(slots, [sparse[raw] for raw in raws])
             for c in document.counters:
-                fold = self._folded_key(c.name, key_of(c))
+                fold = self._fold_of(c.name, key_of(c))
                 total = fold.counter
                 if total is None:
                     total = fold.counter = self._counters.setdefault(
@@ -324,10 +324,11 @@ class PrometheusExporter:
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
 
-    def _folded_key(self, name: str, raw: LabelKey) -> _Fold:
-        """Exported name (a histogram's metric base when ``name`` is "", else the counter's),
-        folded labels and scale of a raw series; remembered until one of its cgroups enters or
-        leaves the top-K (``_rank`` drops those) or it goes FOLD_MAX_AGE intervals unexported."""
+    def _fold_of(self, name: str, raw: LabelKey) -> _Fold:
+        """How a raw series is exported: its name (a histogram's metric base when ``name`` is "",
+        else the counter's), folded labels, scale and total; remembered until one of its cgroups
+        enters or leaves the top-K (``_rank`` drops those) or it goes FOLD_MAX_AGE intervals
+        unexported."""
         known = self._folds.get((name, raw))
         if known is not None:
             known.seen = self.intervals
@@ -514,7 +515,7 @@ class PrometheusExporter:
         grouped: dict[str, dict[tuple[LabelKey, str], list[SparseHistogram | Histogram]]] = {}
         for window, parts in views:
             for raw, part in parts.items():
-                fold = self._folded_key("", raw)
+                fold = self._fold_of("", raw)
                 of_base = grouped.setdefault(fold.exported, {})
                 of_base.setdefault((fold.folded, window), []).append(part)
         out: list[Family] = []
