@@ -10,16 +10,18 @@ cardinality budget (Prometheus) should drop or top-K them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import Histogram, SparseHistogram
+from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
 from tailsight.histfile import Counter, HistDocument, Series
 
+K = TypeVar("K", bound=Hashable)
+G = TypeVar("G", bound=Hashable)
 LabelValue = str | int
 Labels = tuple[tuple[str, LabelValue], ...]
 """Sorted (name, value) pairs; the values of CGROUP_LABELS are cgroup v2 ids until resolved."""
@@ -34,6 +36,8 @@ CgroupNamer = Callable[[Iterable[int]], Mapping[int, str]]
 Named = tuple[dict[str, str], tuple[tuple[str, str], ...], str] | None
 """How ``Snapshot.to_document`` named a raw key (labels, sorted labels, their text for sorting
 documents), or None: filtered out."""
+HIST_ROW: Final = NUM_BUCKETS + 1
+"""Cells of a histogram row in a probe's array (finite buckets, then overflow; hist.bpf.h)."""
 MEMO_GENERATION_INTERVALS: Final = 60
 MEMO_GENERATION_KEYS: Final = 65_536
 """A generation also ends at this many keys (cgroup churn): every pair of 256 slots."""
@@ -129,12 +133,12 @@ def _names_cgroup(key: Labels) -> bool:
 
 
 def matching_rows(
-    earlier: Sequence[int], now: Sequence[int]
+    earlier: Sequence[K], now: Sequence[K]
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """(rows in ``now``, rows in ``earlier``) of the ids both hold: to carry a block with a row
-    per id over to ids that came, went or moved since."""
-    row_of = {cgroup_id: row for row, cgroup_id in enumerate(earlier)}
-    both = [(row, row_of[i]) for row, i in enumerate(now) if i in row_of]
+    """(rows in ``now``, rows in ``earlier``) of the keys both hold (cgroup ids, series labels):
+    to carry a block with a row per key over to keys that came, went or moved since."""
+    row_of = {key: row for row, key in enumerate(earlier)}
+    both = [(row, row_of[key]) for row, key in enumerate(now) if key in row_of]
     now_rows = np.array([row for row, _ in both], dtype=np.intp)
     return now_rows, np.array([row for _, row in both], dtype=np.intp)
 
@@ -162,12 +166,18 @@ class Snapshot:
         (and every host-wide one); ValueError if anything went backwards (a reset)."""
         if earlier.probe != self.probe:
             raise ValueError(f"cannot subtract a {earlier.probe} snapshot from a {self.probe} one")
-        sparse = {}
-        for key, hist in self.histograms.items():
-            before = earlier.histograms.get(key)
-            part = SparseHistogram.of(hist) if before is None else hist.sparse_delta(before)
-            if part.sum_ns or part.overflow or len(part.index):
-                sparse[key] = part
+        now_histograms, earlier_histograms = self.histograms, earlier.histograms
+        if isinstance(now_histograms, HistogramRows) and isinstance(
+            earlier_histograms, HistogramRows
+        ):
+            sparse = now_histograms.sparse_delta(earlier_histograms)  # blocks, not a row at a time
+        else:
+            sparse = {}
+            for key, hist in now_histograms.items():
+                before = earlier_histograms.get(key)
+                part = SparseHistogram.of(hist) if before is None else hist.sparse_delta(before)
+                if part.sum_ns or part.overflow or len(part.index):
+                    sparse[key] = part
         # A per-cgroup counter that did not move is left out, unless it is new (so that it is
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
         # still. Host-wide ones (drops by reason, steal per CPU) are always there.
@@ -401,6 +411,111 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
             changed = self.matrix[:, :, k] != before[:, :, k]
             moved.update(self._cells(present & (new | changed), k, before))
         return moved
+
+
+class HistogramRows(Mapping[K, Histogram], Generic[K]):
+    """Cumulative histograms held as the block read from a probe's array: ``rows[i]`` (HIST_ROW
+    cells: finite buckets, then overflow) and ``sums_ns[i]`` are those of ``row_keys[i]``. As a
+    mapping, each is a Histogram viewing its row, made at the first lookup; ``Snapshot.delta``
+    subtracts two as blocks, and the outlier thresholds read the block: a busy host's read holds
+    hundreds of rows, and numpy calls row by row were most of their cost."""
+
+    def __init__(
+        self, keys: Sequence[K], rows: npt.NDArray[np.int64], sums_ns: Sequence[int]
+    ) -> None:
+        if rows.shape != (len(keys), HIST_ROW) or len(sums_ns) != len(keys):
+            raise ValueError(f"{len(keys)} keys and {len(sums_ns)} sums for rows {rows.shape}")
+        self.row_keys, self.rows, self.sums_ns = tuple(keys), rows, list(sums_ns)
+        self._row_of: dict[K, int] | None = None
+        self._views: dict[K, Histogram] = {}
+
+    @classmethod
+    def of(cls, histograms: Mapping[K, Histogram]) -> HistogramRows[K]:
+        """These histograms as a block (a copy)."""
+        rows = np.zeros((len(histograms), HIST_ROW), dtype=np.int64)
+        for row, hist in enumerate(histograms.values()):
+            rows[row, :NUM_BUCKETS], rows[row, NUM_BUCKETS] = hist.counts, hist.overflow
+        return cls(list(histograms), rows, [hist.sum_ns for hist in histograms.values()])
+
+    def __getitem__(self, key: K) -> Histogram:
+        hist = self._views.get(key)
+        if hist is None:
+            if self._row_of is None:
+                self._row_of = {k: row for row, k in enumerate(self.row_keys)}
+            row = self._row_of[key]
+            counts, overflow = self.rows[row, :NUM_BUCKETS], int(self.rows[row, NUM_BUCKETS])
+            hist = self._views[key] = Histogram._trusted(counts, overflow, self.sums_ns[row])
+        return hist
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self.row_keys)
+
+    def __len__(self) -> int:
+        return len(self.row_keys)
+
+    def with_keys(self, keys: Sequence[G]) -> HistogramRows[G]:
+        """The same rows under other keys (one per row)."""
+        return HistogramRows(keys, self.rows, self.sums_ns)
+
+    def merged(self, groups: Sequence[G]) -> HistogramRows[G]:
+        """One row per group (``groups[i]`` is row i's), the rows of a group added: a cgroup's
+        histograms of several syscalls as one."""
+        order = {group: None for group in groups}
+        if len(order) == len(groups):
+            return self.with_keys(groups)
+        index = {group: n for n, group in enumerate(order)}
+        target = np.array([index[group] for group in groups], dtype=np.intp)
+        by_group = np.argsort(target, kind="stable")
+        starts = np.searchsorted(target[by_group], np.arange(len(order)))
+        rows = np.add.reduceat(self.rows[by_group], starts, axis=0)
+        sums = [0] * len(order)
+        for n, sum_ns in zip(target.tolist(), self.sums_ns, strict=True):
+            sums[n] += sum_ns
+        return HistogramRows(list(order), rows, sums)
+
+    def sparse_delta(self, earlier: HistogramRows[K]) -> dict[K, SparseHistogram]:
+        """What was added since ``earlier`` (both cumulative) to each key whose row changed, a
+        key new since then counting from 0: ``Histogram.sparse_delta`` of every row at once.
+        ValueError naming the key and bucket that went down (a reset)."""
+        rows = self.rows
+        if earlier.row_keys == self.row_keys:
+            before, sums_before = earlier.rows, earlier.sums_ns
+        else:  # series came, went or moved: the earlier rows aligned on these keys
+            before, sums_before = np.zeros_like(rows), [0] * len(self.row_keys)
+            now_rows, old_rows = matching_rows(earlier.row_keys, self.row_keys)
+            before[now_rows] = earlier.rows[old_rows]
+            for now_row, old_row in zip(now_rows.tolist(), old_rows.tolist(), strict=True):
+                sums_before[now_row] = earlier.sums_ns[old_row]
+        # The changed cells, row by row and bucket by bucket (a flat index: numpy's 2-D nonzero
+        # costs eight times as much).
+        flat = np.flatnonzero(rows != before)
+        added = rows.ravel()[flat] - before.ravel()[flat]
+        row, bucket = np.divmod(flat, HIST_ROW)
+        if added.size and int(added.min()) < 0:
+            at = int(np.flatnonzero(added < 0)[0])
+            r, b = int(row[at]), int(bucket[at])
+            cell = "overflow" if b == NUM_BUCKETS else f"bucket {b}"
+            was, now = int(before[r, b]), int(rows[r, b])
+            raise ValueError(
+                f"{cell} of {self.row_keys[r]} went down ({was} -> {now}): counter reset or not"
+                " the same series"
+            )
+        sums = [now - was for now, was in zip(self.sums_ns, sums_before, strict=True)]
+        if min(sums, default=0) < 0:
+            r = next(r for r, added_ns in enumerate(sums) if added_ns < 0)
+            raise ValueError(
+                f"sum_ns of {self.row_keys[r]} went down ({sums_before[r]} -> {self.sums_ns[r]})"
+            )
+        overflow = (rows[:, NUM_BUCKETS] - before[:, NUM_BUCKETS]).tolist()
+        finite = bucket != NUM_BUCKETS
+        row, bucket, added = row[finite], bucket[finite], added[finite]
+        bounds = np.searchsorted(row, np.arange(len(self.row_keys) + 1)).tolist()
+        parts = {}
+        for r, key in enumerate(self.row_keys):
+            lo, hi = bounds[r], bounds[r + 1]
+            if lo < hi or sums[r] or overflow[r]:  # a torn sum alone is kept, as row by row
+                parts[key] = SparseHistogram(bucket[lo:hi], added[lo:hi], overflow[r], sums[r])
+        return parts
 
 
 class DenseOnDemand(Mapping[Labels, Histogram]):

@@ -14,17 +14,13 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.base import HistogramRows, K, Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
     DEFAULT_OUTLIER_RATE_PER_S,
     OutlierStream,
     outlier_cflags,
 )
-
-HIST_ROW: Final = NUM_BUCKETS + 1
-"""Cells of a histogram row in a probe's array (finite buckets, then overflow; hist.bpf.h)."""
 
 
 class MappedArray:
@@ -57,12 +53,12 @@ class MappedArray:
 
 
 def slot_histograms(
-    slots: Sequence[int], rows: npt.NDArray[np.uint64], sums_ns: Sequence[int]
-) -> dict[int, Histogram]:
-    """slot -> histogram of the slots whose row holds an observation, from slot rows of a
-    ``HIST_ROW`` array (finite buckets, then overflow) and the exact sums beside them
-    (``hist.bpf.h``'s bucket layout). The block is checked once (each row's total fits in int64),
-    not row by row: a busy host's read holds hundreds."""
+    keys: Sequence[K], rows: npt.NDArray[np.uint64], sums_ns: Sequence[int]
+) -> HistogramRows[K]:
+    """The histograms of the slot rows that hold an observation, under their keys (``keys[i]``
+    is row i's), from rows of a ``HIST_ROW`` array (finite buckets, then overflow) and the exact
+    sums beside them (``hist.bpf.h``'s bucket layout). The block is checked once (each row's
+    total fits in int64), not row by row: a busy host's read holds hundreds."""
     peaks = rows.max(axis=1)
     # A row's total is at most its width times its largest count: below that bound no total
     # can reach 2^63, and the float sums (six times the cost of the maxima) are not needed.
@@ -70,15 +66,15 @@ def slot_histograms(
         totals = rows.sum(axis=1, dtype=np.float64)
         if float(totals.max()) >= 2.0**63:
             raise ValueError("bucket count does not fit in int64")
-    kept = np.flatnonzero(peaks).tolist()
-    # Views into the block, reinterpreted as int64 (every count is below 2^63, checked above):
-    # a copy of hundreds of rows costs a page fault per 4 KiB.
+    kept = np.flatnonzero(peaks)
+    # Reinterpreted as int64 (every count is below 2^63, checked above); copied only if rows
+    # are left out: a copy of hundreds of rows costs a page fault per 4 KiB.
     counts = np.ascontiguousarray(rows).view(np.int64)
-    overflow = rows[kept, NUM_BUCKETS].tolist()
-    return {
-        slots[row]: Histogram._trusted(counts[row, :NUM_BUCKETS], row_overflow, int(sums_ns[row]))
-        for row, row_overflow in zip(kept, overflow, strict=True)
-    }
+    if len(kept) < len(keys):
+        counts = counts[kept]
+    return HistogramRows(
+        [keys[row] for row in kept.tolist()], counts, [int(sums_ns[row]) for row in kept.tolist()]
+    )
 
 
 def table_items(table: Any) -> list[tuple[Any, Any]]:

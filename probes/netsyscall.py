@@ -10,10 +10,16 @@ from typing import Final
 
 import numpy as np
 
-from tailsight.hist import Histogram
-from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, SeriesInfo, Snapshot, labels
-from tailsight.probes.bccprobe import (
+from tailsight.probes.base import (
     HIST_ROW,
+    CounterInfo,
+    Labels,
+    ProbeInfo,
+    SeriesInfo,
+    Snapshot,
+    labels,
+)
+from tailsight.probes.bccprobe import (
     BccProbe,
     delete_where,
     drops_help,
@@ -121,10 +127,7 @@ class NetSyscallProbe(BccProbe):
         # sum larger than the buckets explain.
         sums = sum_ns[slots]  # fancy indexing copies: one read each
         rows = hist_rows[slots]
-        latency = {
-            series_of[slot]: hist
-            for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
-        }
+        latency = slot_histograms([series_of[slot] for slot in slots], rows, sums.tolist())
         counters: dict[tuple[str, Labels], int] = {}
         for error, count in table_items(bpf[b"netsyscall_errors"]):
             key = labels(
@@ -134,21 +137,14 @@ class NetSyscallProbe(BccProbe):
             )
             counters[(ERRORS, key)] = counters.get((ERRORS, key), 0) + int(count.value)
         counters.update(self.drop_counters())
-        per_cgroup: dict[int, Histogram] = {}
-        for (cgroup_id, _), hist in latency.items():
-            total = per_cgroup.get(cgroup_id)
-            if total is None:
-                per_cgroup[cgroup_id] = hist.copy()
-            else:
-                total.add(hist)
         assert self.outliers is not None
         self.outliers.drain()
-        self.outliers.update_thresholds(per_cgroup)
+        # Thresholds per cgroup, of all its syscalls together.
+        self.outliers.update_thresholds(latency.merged([cgroup_id for cgroup_id, _ in latency]))
         counters.update(self.outliers.counters(PROBE_NAME))
-        histograms = {
-            labels(cgroup=cgroup_id, syscall=self.syscall_name(nr)): hist
-            for (cgroup_id, nr), hist in latency.items()
-        }
+        histograms = latency.with_keys(
+            [labels(cgroup=cgroup_id, syscall=self.syscall_name(nr)) for cgroup_id, nr in latency]
+        )
         return Snapshot(PROBE_NAME, taken_ns, histograms, counters)
 
     def forget(self, cgroup_ids: set[int]) -> None:

@@ -19,7 +19,15 @@ import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
-from tailsight.probes.base import CounterInfo, Labels, LabelValue, labels, matching_rows
+from tailsight.probes.base import (
+    HIST_ROW,
+    CounterInfo,
+    HistogramRows,
+    Labels,
+    LabelValue,
+    labels,
+    matching_rows,
+)
 from tailsight.probes.symbolizer import UNKNOWN_FRAME, shared_symbolizer
 
 OUTLIER_EVENTS_SUFFIX: Final = "_outlier_events"
@@ -116,16 +124,32 @@ def short_stack(folded: str, frames: int = 3) -> str:
 
 
 def p99_bucket_upper_bounds_ns(
-    counts: npt.NDArray[np.int64], totals: npt.NDArray[np.int64]
-) -> npt.NDArray[np.uint64]:
-    """Per row of ``counts``: the upper bound of the bucket holding the P99 rank of ``totals``
-    samples (the row's sum plus its overflow), ``NO_THRESHOLD_NS`` if that rank overflows."""
-    # An integer count reaches the rank iff it reaches its ceiling: integers compared, not the
-    # cumulative counts made floats.
+    now: npt.NDArray[np.int64], before: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """Per row of two cumulative blocks (HIST_ROW cells: finite buckets, then overflow): the
+    samples added since ``before``, and the upper bound of the bucket holding their P99 rank
+    (``NO_THRESHOLD_NS`` if nothing was added or the rank overflows). Found from the changed
+    cells only: a row holds a few dozen of its 2,000+ buckets. ValueError if a count went down."""
+    flat = np.flatnonzero(now != before)
+    added = now.ravel()[flat] - before.ravel()[flat]
+    if added.size and int(added.min()) < 0:
+        raise ValueError("a cumulative histogram went down: counter reset")
+    row, bucket = np.divmod(flat, HIST_ROW)
+    # Every added count is positive, so the running count rises strictly, across rows too: one
+    # search finds each row's first cell that reaches its rank (an integer count reaches the
+    # rank iff it reaches its ceiling).
+    running = np.concatenate([np.zeros(1, np.int64), np.cumsum(added)])
+    edges = np.searchsorted(row, np.arange(len(now) + 1))
+    totals = running[edges[1:]] - running[edges[:-1]]
     rank = np.ceil(OUTLIER_QUANTILE * totals).astype(np.int64)
-    reached = np.cumsum(counts, axis=1) >= rank[:, None]
-    bounds = bucket_upper_bounds_ns().astype(np.uint64)[reached.argmax(axis=1)]
-    return np.where(reached.any(axis=1) & (totals > 0), bounds, np.uint64(NO_THRESHOLD_NS))
+    no_threshold = np.full(len(now), NO_THRESHOLD_NS, dtype=np.uint64)
+    if not added.size:
+        return no_threshold, totals
+    at = np.minimum(np.searchsorted(running[1:], running[edges[:-1]] + rank), len(added) - 1)
+    reached = bucket[at]
+    finite = (totals > 0) & (reached < NUM_BUCKETS)  # else the rank lies in overflow
+    bounds = bucket_upper_bounds_ns().astype(np.uint64)[np.minimum(reached, NUM_BUCKETS - 1)]
+    return np.where(finite, bounds, no_threshold), totals
 
 
 def top_outlier_stacks(document: HistDocument, limit: int = 5) -> list[OutlierStack]:
@@ -174,11 +198,10 @@ class OutlierStream:
         # Folded stack per stack id (user: per (id, tgid), symbols differ between processes).
         self._kernel_folded: dict[int, str] = {}
         self._user_folded: dict[tuple[int, int], str] = {}
-        # What update_thresholds last saw, one row per id (and its overflow): the next call
-        # subtracts it as one block (a busy host has hundreds of cgroups).
+        # What update_thresholds last saw, one row per id (HIST_ROW cells): the next call
+        # compares it as one block (a busy host has hundreds of cgroups).
         self._previous_ids: list[int] = []
-        self._previous_rows: npt.NDArray[np.int64] = np.zeros((0, NUM_BUCKETS), np.int64)
-        self._previous_overflow: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        self._previous_rows: npt.NDArray[np.int64] = np.zeros((0, HIST_ROW), np.int64)
         self._thresholds: dict[int, int] = {}
         self.callback_errors = 0
         # bcc keeps a reference to the ctypes callback only as long as we do.
@@ -289,27 +312,18 @@ class OutlierStream:
         """Threshold per cgroup = upper bound of the P99 bucket of its samples since the last
         call (kept if fewer than MIN_THRESHOLD_SAMPLES); written to the kernel if changed."""
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
-        ids = list(cumulative)
+        held = cumulative if isinstance(cumulative, HistogramRows) else HistogramRows.of(cumulative)
+        ids = list(held.row_keys)
         if not ids:
             return dict(self._thresholds)
-        now = np.stack([cumulative[cgroup_id].counts for cgroup_id in ids])
-        now_overflow = np.array([cumulative[cgroup_id].overflow for cgroup_id in ids], np.int64)
         if ids != self._previous_ids[: len(ids)]:  # cgroups came or went: theirs first
             self._align(ids)
-        # Views: what is seen below is kept in place.
-        before = self._previous_rows[: len(ids)]
-        before_overflow = self._previous_overflow[: len(ids)]
-        counts = now - before
-        overflow = now_overflow - before_overflow
-        if counts.min() < 0 or overflow.min() < 0:
-            raise ValueError("a cumulative histogram went down: counter reset")
-        totals = counts.sum(axis=1) + overflow
-        bounds = p99_bucket_upper_bounds_ns(counts, totals).tolist()
+        before = self._previous_rows[: len(ids)]  # a view: what is seen below is kept in place
+        bounds, totals = p99_bucket_upper_bounds_ns(held.rows, before)
         enough = totals >= MIN_THRESHOLD_SAMPLES
-        # The rest keep counting towards their next threshold.
-        before[enough], before_overflow[enough] = now[enough], now_overflow[enough]
+        before[enough] = held.rows[enough]  # the rest keep counting towards their next threshold
         for row in np.flatnonzero(enough).tolist():
-            cgroup_id, threshold_ns = ids[row], bounds[row]
+            cgroup_id, threshold_ns = ids[row], int(bounds[row])
             if self._thresholds.get(cgroup_id) != threshold_ns:
                 try:
                     table[table.Key(cgroup_id)] = table.Leaf(threshold_ns)
@@ -324,13 +338,10 @@ class OutlierStream:
         wanted = set(ids)
         absent = [cgroup_id for cgroup_id in self._previous_ids if cgroup_id not in wanted]
         order = [*ids, *absent]
-        rows = np.zeros((len(order), NUM_BUCKETS), np.int64)
-        overflow = np.zeros(len(order), np.int64)
+        rows = np.zeros((len(order), HIST_ROW), np.int64)
         new_rows, old_rows = matching_rows(self._previous_ids, order)
         rows[new_rows] = self._previous_rows[old_rows]
-        overflow[new_rows] = self._previous_overflow[old_rows]
-        self._previous_ids = order
-        self._previous_rows, self._previous_overflow = rows, overflow
+        self._previous_ids, self._previous_rows = order, rows
 
     def forget(self, cgroup_ids: set[int]) -> None:
         """Drop removed cgroups' stack counts and thresholds (here and in the kernel)."""
@@ -338,7 +349,6 @@ class OutlierStream:
         kept = [row for row, i in enumerate(self._previous_ids) if i not in cgroup_ids]
         self._previous_ids = [self._previous_ids[row] for row in kept]
         self._previous_rows = self._previous_rows[kept]
-        self._previous_overflow = self._previous_overflow[kept]
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
         for cgroup_id in cgroup_ids:
             if self._thresholds.pop(cgroup_id, None) is not None:

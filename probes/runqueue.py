@@ -13,6 +13,7 @@ import numpy as np
 
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import (
+    HIST_ROW,
     CounterInfo,
     Labels,
     PairCounters,
@@ -22,7 +23,6 @@ from tailsight.probes.base import (
     labels,
 )
 from tailsight.probes.bccprobe import (
-    HIST_ROW,
     BccProbe,
     drops_help,
     release_slots,
@@ -166,7 +166,8 @@ class RunQueueProbe(BccProbe):
             int(total) + self._retired_wait.get(cgroup_of[slot], 0)
             for slot, total in zip(slots, totals, strict=True)
         ]
-        wait = {cgroup_of[slot]: hist for slot, hist in slot_histograms(slots, rows, sums).items()}
+        ids = tuple(cgroup_of[slot] for slot in slots)
+        wait = slot_histograms(ids, rows, sums)
         counters: dict[tuple[str, Labels], int] = dict(self.drop_counters())
         assert self.outliers is not None
         self.outliers.drain()
@@ -174,10 +175,9 @@ class RunQueueProbe(BccProbe):
         counters.update(self.outliers.counters(PROBE_NAME))
         for cpu, steal_ns in read_steal_ns().items():
             counters[(STEAL, labels(cpu=str(cpu)))] = steal_ns
-        histograms = {labels(cgroup=cgroup_id): hist for cgroup_id, hist in wait.items()}
+        histograms = wait.with_keys([labels(cgroup=cgroup_id) for cgroup_id in wait.row_keys])
         # Up to slots^2 pairs on a busy host: kept as the matrix read (a pair is there once it
         # has a switch), and subtracted as one.
-        ids = tuple(cgroup_of[slot] for slot in slots)
         pair_counters = PairCounters(
             counters, (DISPLACED_WAIT, DISPLACED_SWITCHES), ids, pair_block, present=1
         )

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
 from tailsight.probes.base import (
+    HIST_ROW,
     CounterInfo,
     Labels,
     LabelValue,
@@ -34,7 +35,6 @@ from tailsight.probes.base import (
     labels,
 )
 from tailsight.probes.bccprobe import (
-    HIST_ROW,
     BccProbe,
     delete_where,
     drops_help,
@@ -243,10 +243,7 @@ class TcpStateProbe(BccProbe):
         # copies: one read each.
         sums = self.mapped_array("tcpstate_sum_ns", np.uint64, (MAX_SERIES,))[slots]
         rows = self.mapped_array("tcpstate_hist", np.uint64, (MAX_SERIES, HIST_ROW))[slots]
-        histograms = {
-            series_of[slot]: hist
-            for slot, hist in slot_histograms(slots, rows, sums.tolist()).items()
-        }
+        histograms = slot_histograms([series_of[slot] for slot in slots], rows, sums.tolist())
         counters: dict[tuple[str, Labels], int] = {}
         for name, table in (
             (RETRANSMITS, b"tcpstate_retransmits"),

@@ -10,11 +10,13 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tailsight.hist import Histogram
+from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
 from tailsight.histfile import HistDocument
 from tailsight.probes import base
 from tailsight.probes.base import (
+    HIST_ROW,
     MEMO_GENERATION_INTERVALS,
+    HistogramRows,
     LabelMemo,
     PairCounters,
     Snapshot,
@@ -186,6 +188,84 @@ def test_a_pair_going_backwards_is_named() -> None:
     ]
     with pytest.raises(ValueError, match=r"victim', 10.*went backwards by 1"):
         readings[1] - readings[0]
+
+
+Cells = dict[int, int]  # bucket (NUM_BUCKETS: overflow) -> count
+
+
+def _rows_reading(taken_ns: int, held: dict[int, tuple[Cells, int]]) -> Snapshot:
+    rows = np.zeros((len(held), HIST_ROW), dtype=np.int64)
+    for row, (cells, _) in enumerate(held.values()):
+        for bucket, count in cells.items():
+            rows[row, bucket] = count
+    sums = [sum_ns for _, sum_ns in held.values()]
+    keys = [labels(cgroup=cgroup_id) for cgroup_id in held]
+    return Snapshot("runqueue", taken_ns, HistogramRows(keys, rows, sums))
+
+
+@st.composite
+def _rows_readings(draw: st.DrawFn) -> tuple[Snapshot, Snapshot]:
+    """Two cumulative readings of histogram rows whose series changed between them (came, went,
+    reordered): counts, overflow and sums grow or stay, a row may be still or hold nothing."""
+    pool = st.lists(st.sampled_from([10, 11, 12, 13, 14]), unique=True, max_size=5)
+    keys_before, keys_now = draw(pool), draw(pool)
+    bucket = st.sampled_from([0, NUM_BUCKETS - 1, NUM_BUCKETS]) | st.integers(0, HIST_ROW - 1)
+    cells = st.dictionaries(bucket, st.integers(0, 3), max_size=4)
+    earlier = {key: (draw(cells), draw(st.integers(0, 9))) for key in keys_before}
+    later = {}
+    for key in keys_now:
+        was, sum_was = earlier.get(key, ({}, 0))
+        more = draw(cells)
+        grown = {b: was.get(b, 0) + more.get(b, 0) for b in was | more}
+        later[key] = (grown, sum_was + draw(st.integers(0, 2)))
+    return _rows_reading(1, earlier), _rows_reading(2, later)
+
+
+def _as_lists(parts: dict[base.Labels, SparseHistogram]) -> dict[base.Labels, tuple]:
+    return {
+        key: (part.index.tolist(), part.count.tolist(), part.overflow, part.sum_ns)
+        for key, part in parts.items()
+    }
+
+
+@given(_rows_readings())
+def test_rows_delta_matches_the_histogram_by_histogram_one(
+    readings: tuple[Snapshot, Snapshot],
+) -> None:
+    """Subtracting histogram blocks gives what subtracting their histograms one at a time
+    gives: changed rows only (a torn sum alone included), new keys at their value."""
+    earlier, later = readings
+    plain_earlier, plain_later = (
+        Snapshot(s.probe, s.taken_ns, dict(s.histograms.items())) for s in readings
+    )
+    interval, plain = later - earlier, plain_later - plain_earlier
+    assert _as_lists(dict(interval.sparse)) == _as_lists(dict(plain.sparse))
+    assert interval.histograms == plain.histograms
+
+
+def test_rows_going_down_are_named() -> None:
+    earlier = _rows_reading(1, {10: ({}, 0), 11: ({5: 2, NUM_BUCKETS: 3}, 9)})
+    for cells, sum_ns, match in (
+        ({5: 1, NUM_BUCKETS: 3}, 9, r"bucket 5 of \(\('cgroup', 11\),\) went down \(2 -> 1\)"),
+        ({5: 2, NUM_BUCKETS: 2}, 9, r"overflow of .*11.* went down \(3 -> 2\)"),
+        ({5: 2, NUM_BUCKETS: 3}, 8, r"sum_ns of .*11.* went down \(9 -> 8\)"),
+    ):
+        later = _rows_reading(2, {11: (cells, sum_ns), 10: ({}, 0)})  # moved rows, too
+        with pytest.raises(ValueError, match=match):
+            later - earlier
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.lists(st.integers(0, 10**8))), max_size=6))
+def test_rows_merged_by_group_are_their_histograms_merged(
+    rows: list[tuple[str, list[int]]],
+) -> None:
+    hists = [Histogram.from_samples(samples) for _, samples in rows]
+    block = HistogramRows.of(dict(enumerate(hists)))
+    expected: dict[str, Histogram] = {}
+    for (group, _), hist in zip(rows, hists, strict=True):
+        expected[group] = expected[group].merge(hist) if group in expected else hist
+    merged = block.merged([group for group, _ in rows])
+    assert merged == expected and list(merged) == list(expected)
 
 
 def test_label_memo_names_as_without_it_and_forgets_keys_unused_for_a_generation() -> None:

@@ -8,7 +8,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.probes.bccprobe import HIST_ROW, slot_histograms
+from tailsight.probes.base import HIST_ROW
+from tailsight.probes.bccprobe import slot_histograms
 
 # Small counts, counts a few of which sum past int64, counts past it on their own.
 _COUNT = st.integers(0, 9) | st.integers(2**59, 2**62) | st.integers(2**62, 2**64 - 1)

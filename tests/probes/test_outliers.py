@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tailsight.hist import Histogram, bucket_index, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument
-from tailsight.probes.base import Labels, Snapshot, labels
+from tailsight.probes.base import HistogramRows, Labels, Snapshot, labels
 from tailsight.probes.outliers import (
     LOST_STACK,
     MIN_THRESHOLD_SAMPLES,
@@ -92,10 +92,17 @@ def p99_bucket_upper_bound_ns(hist: Histogram) -> int:
     return NO_THRESHOLD_NS
 
 
-def block_bounds(hists: list[Histogram]) -> list[int]:
-    counts = np.stack([hist.counts for hist in hists])
-    totals = np.array([hist.count for hist in hists], dtype=np.int64)
-    return [int(bound) for bound in p99_bucket_upper_bounds_ns(counts, totals)]
+def block_bounds(added: list[Histogram], earlier: list[Histogram] | None = None) -> list[int]:
+    """The block form's bounds of the samples ``added`` to cumulative rows that held ``earlier``
+    (none by default); it must count exactly the added samples too."""
+    earlier = earlier or [Histogram.empty()] * len(added)
+    before = HistogramRows.of(dict(enumerate(earlier))).rows
+    now = HistogramRows.of(
+        {row: was.merge(more) for row, (was, more) in enumerate(zip(earlier, added, strict=True))}
+    ).rows
+    bounds, totals = p99_bucket_upper_bounds_ns(now, before)
+    assert totals.tolist() == [hist.count for hist in added]
+    return [int(bound) for bound in bounds]
 
 
 def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
@@ -114,15 +121,22 @@ def test_p99_bucket_upper_bound_against_a_sorted_sample() -> None:
     assert p99_bucket_upper_bound_ns(hist) == expected
 
 
-@given(
-    st.lists(
-        st.lists(st.integers(0, 12 * 10**9), max_size=300).map(Histogram.from_samples),
-        min_size=1,
-        max_size=6,
-    )
-)
-def test_the_block_p99_bounds_are_each_rows_own(hists: list[Histogram]) -> None:
-    assert block_bounds(hists) == [p99_bucket_upper_bound_ns(hist) for hist in hists]
+_HISTOGRAM = st.lists(st.integers(0, 12 * 10**9), max_size=300).map(Histogram.from_samples)
+
+
+@given(st.lists(st.tuples(_HISTOGRAM, _HISTOGRAM), min_size=1, max_size=6))
+def test_the_block_p99_bounds_are_each_rows_own(rows: list[tuple[Histogram, Histogram]]) -> None:
+    """Each row's bound is that of the samples added to it alone (by a naive walk), whatever
+    its earlier samples and the rows beside it."""
+    earlier, added = [was for was, _ in rows], [more for _, more in rows]
+    assert block_bounds(added, earlier) == [p99_bucket_upper_bound_ns(hist) for hist in added]
+
+
+def test_the_block_p99_bounds_refuse_a_count_that_went_down() -> None:
+    now = HistogramRows.of({1: Histogram.from_samples([10_000] * 3)}).rows
+    before = HistogramRows.of({1: Histogram.from_samples([10_000] * 4)}).rows
+    with pytest.raises(ValueError, match="went down"):
+        p99_bucket_upper_bounds_ns(now, before)
 
 
 def test_top_outlier_stacks_ranks_counters_of_any_probe() -> None:
