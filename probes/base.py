@@ -464,13 +464,12 @@ class HistogramRows(Mapping[K, Histogram], Generic[K]):
         if len(order) == len(groups):
             return self.with_keys(groups)
         index = {group: n for n, group in enumerate(order)}
-        target = np.array([index[group] for group in groups], dtype=np.intp)
-        by_group = np.argsort(target, kind="stable")
-        starts = np.searchsorted(target[by_group], np.arange(len(order)))
-        rows = np.add.reduceat(self.rows[by_group], starts, axis=0)
+        rows = np.zeros((len(order), HIST_ROW), dtype=np.int64)
         sums = [0] * len(order)
-        for n, sum_ns in zip(target.tolist(), self.sums_ns, strict=True):
-            sums[n] += sum_ns
+        # Row by row: numpy's grouped adds (add.reduceat, add.at) cost 6-10x on this shape.
+        for row, (group, sum_ns) in enumerate(zip(groups, self.sums_ns, strict=True)):
+            rows[index[group]] += self.rows[row]
+            sums[index[group]] += sum_ns
         return HistogramRows(list(order), rows, sums)
 
     def sparse_delta(self, earlier: HistogramRows[K]) -> dict[K, SparseHistogram]:
