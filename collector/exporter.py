@@ -26,9 +26,9 @@ from tailsight.hist import (
     Histogram,
     SparseHistogram,
     bucket_upper_bounds_ns,
-    nonzero_index,
 )
 from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
+from tailsight.probes.base import HIST_ROW
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.loader import read_program_stats
 
@@ -214,24 +214,123 @@ class _Sliding(Generic[K, P]):
 
 
 class _Window:
-    """Running sums per raw series over the last ``span_s`` of intervals."""
+    """Running bucket counts per raw series over the last ``span_s`` of intervals, a row each of
+    one block (finite buckets, then overflow): a scrape's quantiles read every row, in one pass
+    over the block instead of a numpy call per series."""
 
     def __init__(self, span_s: float) -> None:
         self.sliding: _Sliding[LabelKey, SparseHistogram] = _Sliding(int(span_s * 1e9))
-        self.sums: dict[LabelKey, Histogram] = {}
+        self.row_of: dict[LabelKey, int] = {}
+        self.rows = np.zeros((64, HIST_ROW), dtype=np.int64)
+        self._free: list[int] = []  # rows of series gone (all 0)
 
     def add(self, end_ns: int, sparse: dict[LabelKey, SparseHistogram]) -> None:
-        for key, part in sparse.items():
-            dense = self.sums.get(key)
-            if dense is None:
-                dense = self.sums[key] = Histogram.empty()
-            part.add_to(dense)
+        self._apply(sparse, 1)
         expired, gone = self.sliding.push(end_ns, sparse)
         for old in expired:
-            for key, part in old.items():
-                part.subtract_from(self.sums[key])
-        for key in gone:
-            del self.sums[key]
+            self._apply(old, -1)
+        for key in gone:  # its row is all 0 again: every interval that held it has left
+            self._free.append(self.row_of.pop(key))
+        if len(self.rows) > 64 and 4 * len(self.row_of) < len(self.rows):  # after churn
+            self._compact()
+
+    def _compact(self) -> None:
+        """The live rows moved to the front of a block twice their number (at least 64)."""
+        rows = np.zeros((max(64, 2 * len(self.row_of)), HIST_ROW), dtype=np.int64)
+        for new_row, (key, row) in enumerate(self.row_of.items()):
+            rows[new_row] = self.rows[row]
+            self.row_of[key] = new_row
+        self.rows, self._free = rows, []
+
+    def _apply(self, parts: Mapping[LabelKey, SparseHistogram], sign: int) -> None:
+        """Add (sign 1) or take away (-1) one interval's parts: one scatter into the block (a
+        part's buckets are distinct, and so are its row's)."""
+        rows = np.array([self._row(key) for key in parts], dtype=np.intp) * HIST_ROW
+        if not len(rows):
+            return
+        values = list(parts.values())
+        cells = np.repeat(rows, [len(part.index) for part in values])
+        cells += np.concatenate([part.index for part in values])
+        counts = np.concatenate([part.count for part in values])
+        overflow = np.array([part.overflow for part in values], dtype=np.int64)
+        flat = self.rows.ravel()
+        flat[cells] += counts if sign > 0 else -counts
+        flat[rows + NUM_BUCKETS] += overflow if sign > 0 else -overflow
+
+    def _row(self, key: LabelKey) -> int:
+        row = self.row_of.get(key)
+        if row is None:
+            if self._free:
+                row = self._free.pop()
+            else:
+                row = len(self.row_of)
+                if row == len(self.rows):  # full: twice the rows
+                    self.rows = np.concatenate([self.rows, np.zeros_like(self.rows)])
+            self.row_of[key] = row
+        return row
+
+
+class _Merge:
+    """Bucket counts added up per group (a series and its window) from many parts, then every
+    group's quantiles in one numpy pass: a busy host's scrape has hundreds of groups, some of
+    dozens of parts ("other")."""
+
+    def __init__(self) -> None:
+        self._keys: list[npt.NDArray[np.int64]] = []  # group * NUM_BUCKETS + bucket
+        self._counts: list[npt.NDArray[np.int64]] = []
+        self._overflow_groups: list[npt.NDArray[np.int64]] = []
+        self._overflow: list[npt.NDArray[np.int64]] = []
+
+    def add_sparse(self, groups: Sequence[int], parts: Sequence[SparseHistogram]) -> None:
+        """Add ``parts[i]`` to group ``groups[i]``."""
+        if not parts:
+            return
+        lengths = [len(part.index) for part in parts]
+        at = np.array(groups, dtype=np.int64)
+        self._keys.append(
+            np.repeat(at * NUM_BUCKETS, lengths) + np.concatenate([p.index for p in parts])
+        )
+        self._counts.append(np.concatenate([part.count for part in parts]))
+        self._overflow_groups.append(at)
+        self._overflow.append(np.array([part.overflow for part in parts], dtype=np.int64))
+
+    def add_rows(self, groups: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> None:
+        """Add row i of a block (HIST_ROW cells) to group ``groups[i]``; rows of only zeros may
+        have any group."""
+        flat = np.flatnonzero(rows != 0)  # a flat index: numpy's 2-D nonzero costs 8x
+        row, cell = np.divmod(flat, HIST_ROW)
+        counts = rows.ravel()[flat]
+        finite = cell != NUM_BUCKETS
+        self._keys.append(groups[row[finite]] * NUM_BUCKETS + cell[finite])
+        self._counts.append(counts[finite])
+        self._overflow_groups.append(groups[row[~finite]])
+        self._overflow.append(counts[~finite])
+
+    def quantiles_ns(self, groups: int, qs: Sequence[float]) -> list[list[float] | None]:
+        """``Histogram.quantiles`` of each group's sum; None for a group without observations."""
+        empty = np.zeros(0, dtype=np.int64)
+        keys = np.concatenate([empty, *self._keys])
+        # The same (group, bucket) from several parts added up, in integers: sorted, then one
+        # sum per run of equal keys.
+        order = np.argsort(keys, kind="stable")
+        keys, counts = keys[order], np.concatenate([empty, *self._counts])[order]
+        starts = (
+            np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]])) if len(keys) else empty
+        )
+        group, index = np.divmod(keys[starts], NUM_BUCKETS)
+        overflow = np.zeros(groups, dtype=np.int64)
+        np.add.at(
+            overflow,
+            np.concatenate([empty, *self._overflow_groups]),
+            np.concatenate([empty, *self._overflow]),
+        )
+        return _quantiles_of_buckets(
+            index,
+            np.add.reduceat(counts, starts) if len(keys) else empty,
+            np.bincount(group, minlength=groups),
+            overflow,
+            qs,
+        )
 
 
 class PrometheusExporter:
@@ -506,26 +605,33 @@ class PrometheusExporter:
         return out
 
     def _quantile_families(self) -> list[Family]:
-        views: list[tuple[str, Mapping[LabelKey, SparseHistogram | Histogram]]] = []
+        # Each (metric base, folded labels, window) is a group: the series' labels with its
+        # window are made once per series, and every group's quantiles in one pass.
+        group_of: dict[tuple[str, LabelKey, str], int] = {}
+
+        def group(raw: LabelKey, window: str) -> int:
+            fold = self._fold_of("", raw)
+            return group_of.setdefault((fold.exported, fold.folded, window), len(group_of))
+
+        merge = _Merge()
         if self._last is not None:
-            views.append((window_label(self.config.interval_s), self._last_sparse))
-        views += [(label, window.sums) for label, window in self._windows.items()]
-        # Parts by metric base, then by (folded labels, window): the series' labels with its
-        # window are made once per series, not once per part.
-        grouped: dict[str, dict[tuple[LabelKey, str], list[SparseHistogram | Histogram]]] = {}
-        for window, parts in views:
-            for raw, part in parts.items():
-                fold = self._fold_of("", raw)
-                of_base = grouped.setdefault(fold.exported, {})
-                of_base.setdefault((fold.folded, window), []).append(part)
+            window = window_label(self.config.interval_s)
+            parts = self._last_sparse
+            merge.add_sparse([group(raw, window) for raw in parts], list(parts.values()))
+        for window, sums in self._windows.items():
+            groups = np.zeros(len(sums.rows), dtype=np.int64)  # rows of no series hold 0s
+            for raw, row in sums.row_of.items():
+                groups[row] = group(raw, window)
+            merge.add_rows(groups, sums.rows)
+        quantiles = merge.quantiles_ns(len(group_of), QUANTILES)
+        by_base: dict[str, list[tuple[LabelKey, list[float] | None]]] = {}
+        for (base, folded, window), at in group_of.items():
+            series_key = (*folded, ("window", window))  # "window" is no series label
+            by_base.setdefault(base, []).append((series_key, quantiles[at]))
         out: list[Family] = []
         quantile_labels = [(QUANTILE_LABEL, str(q)) for q in QUANTILES]
-        for base, by_window in sorted(grouped.items()):
-            series = {
-                (*folded, ("window", window)): parts  # "window" is no series label
-                for (folded, window), parts in by_window.items()
-            }
-            names = _label_names(self._with_pods(key) for key in series)
+        for base, entries in sorted(by_base.items()):
+            names = _label_names(self._with_pods(key) for key, _ in entries)
             about = described().get(base)
             help_text = GENERIC_HELP["quantile"]
             name = f"{base}_quantile_seconds"
@@ -535,9 +641,7 @@ class PrometheusExporter:
                 f"{about} {help_text}" if about else help_text,
                 tuple((name, q_label) for q_label in quantile_labels),
             )
-            ordered = sorted(series.items())
-            quantiles = _quantiles_ns([members for _, members in ordered], QUANTILES)
-            for (series_key, _), values_ns in zip(ordered, quantiles, strict=True):
+            for series_key, values_ns in sorted(entries, key=lambda entry: entry[0]):
                 if values_ns is None:
                     continue
                 pairs = _pairs(self._with_pods(series_key), names)
@@ -803,25 +907,37 @@ def _label_pair(pair: tuple[str, str]) -> str:
 def _quantiles_ns(
     groups: Sequence[Sequence[SparseHistogram | Histogram]], qs: Sequence[float]
 ) -> list[list[float] | None]:
-    """``Histogram.quantiles`` of the sum of each group's parts, for every group at once from
-    their non-zero buckets only (a window's dense sums are 2,000+ buckets, mostly empty; one
-    numpy pass over all series instead of one per series); None for a group without any
-    observation."""
-    merged = [_merged_nonzero(parts) for parts in groups]
-    overflow = np.array([over for _, _, over in merged], dtype=np.int64)
-    if not any(len(index) for index, _, _ in merged):  # every group empty or overflow only
+    """``Histogram.quantiles`` of the sum of each group's parts (None for a group without any
+    observation), as a scrape finds them: all groups at once, from their non-zero buckets."""
+    merge = _Merge()
+    for group, parts in enumerate(groups):
+        sparse = [part for part in parts if isinstance(part, SparseHistogram)]
+        merge.add_sparse([group] * len(sparse), sparse)
+        dense = [part for part in parts if isinstance(part, Histogram)]
+        if dense:
+            rows = np.array([[*part.counts, part.overflow] for part in dense], dtype=np.int64)
+            merge.add_rows(np.full(len(dense), group, dtype=np.int64), rows)
+    return merge.quantiles_ns(len(groups), qs)
+
+
+def _quantiles_of_buckets(
+    index: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    overflow: npt.NDArray[np.int64],
+    qs: Sequence[float],
+) -> list[list[float] | None]:
+    """The quantiles of groups given as their non-zero buckets (``index`` ascending and
+    ``counts``, group after group: ``lengths`` each) and overflow counts."""
+    if not len(index):  # every group empty or overflow only
         top = float(_UPPER_BOUNDS_NS[-1])
         return [[top] * len(qs) if over else None for over in overflow.tolist()]
-    lengths = np.array([len(index) for index, _, _ in merged], dtype=np.int64)
-    index = np.concatenate([index for index, _, _ in merged])
-    running = np.concatenate(
-        [np.zeros(1, np.int64), np.cumsum(np.concatenate([c for _, c, _ in merged]))]
-    )
+    running = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
     ends = np.cumsum(lengths)
     starts = ends - lengths
     before = running[starts]  # the counts of the groups before each one
     totals = running[ends] - before + overflow
-    group_of = np.repeat(np.arange(len(merged), dtype=np.int64), lengths)
+    group_of = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     local = running[1:] - before[group_of]  # cumulative count within each group
     # Same rule as Histogram.quantiles: the first bucket whose cumulative count reaches the rank
     # (rank 0: the first non-empty one), linear inside it; a rank in overflow gives the highest
@@ -829,9 +945,14 @@ def _quantiles_ns(
     # over all groups, each lifted by group * span, finds every group's bucket.
     ranks = np.outer(totals, np.asarray(qs, dtype=np.float64))  # group x q: float(q) * total
     span = int(totals.max()) + 1
-    if span * (len(merged) + 1) >= 2**62:  # lifted keys would overflow int64: one at a time
-        return [_quantiles_ns([parts], qs)[0] for parts in groups]
-    lift = np.arange(len(merged), dtype=np.int64)[:, None] * span
+    if span * (len(lengths) + 1) >= 2**62:  # lifted keys would overflow int64: one at a time
+        return [
+            _quantiles_of_buckets(
+                index[start:end], counts[start:end], lengths[g : g + 1], overflow[g : g + 1], qs
+            )[0]
+            for g, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
+        ]
+    lift = np.arange(len(lengths), dtype=np.int64)[:, None] * span
     found = np.searchsorted(local + group_of * span, np.ceil(ranks).astype(np.int64) + lift)
     found = np.where(ranks == 0, starts[:, None], found)
     in_overflow = found >= ends[:, None]
@@ -846,34 +967,6 @@ def _quantiles_ns(
         values = start + (end - start) * ((ranks - below) / (reached - below))
     values = np.where(in_overflow, float(_UPPER_BOUNDS_NS[-1]), values)
     return [row if total else None for row, total in zip(values.tolist(), totals, strict=True)]
-
-
-def _merged_nonzero(
-    parts: Sequence[SparseHistogram | Histogram],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-    """The non-zero buckets (index, count) and overflow of the sum of ``parts``."""
-    if len(parts) == 1:
-        return _nonzero(parts[0])
-    # "other": dozens of parts. One bincount over the sparse ones (float64 counts are exact
-    # below 2^53), plain adds for the dense ones.
-    sparse = [part for part in parts if isinstance(part, SparseHistogram)]
-    dense = np.zeros(NUM_BUCKETS, dtype=np.int64)
-    if sparse:
-        indices = np.concatenate([part.index for part in sparse])
-        weights = np.concatenate([part.count for part in sparse])
-        dense += np.bincount(indices, weights, NUM_BUCKETS).astype(np.int64)
-    for part in parts:
-        if isinstance(part, Histogram):
-            dense += part.counts
-    index = nonzero_index(dense)
-    return index, dense[index], sum(part.overflow for part in parts)
-
-
-def _nonzero(
-    part: SparseHistogram | Histogram,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-    sparse = part if isinstance(part, SparseHistogram) else SparseHistogram.of(part)
-    return sparse.index, sparse.count, sparse.overflow
 
 
 def _add_coarse(slots: Sequence[_Cumulative], parts: Sequence[SparseHistogram]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +24,7 @@ from tailsight.collector.exporter import (
     ProbeStatus,
     PrometheusExporter,
     _quantiles_ns,
+    _Window,
     counter_metric,
     metric_base,
     window_label,
@@ -560,3 +561,44 @@ def test_sparse_quantiles_equal_histogram_quantiles(groups: list) -> None:
         merged = sum((h for h, _ in hists), Histogram.empty())
         expected.append(merged.quantiles(qs) if merged.count else None)
     assert _quantiles_ns(parts_of_groups, qs) == expected
+
+
+@settings(max_examples=40, deadline=None)
+# grows, shrinks after churn, then takes new series
+@example([{k: [k * 1_000] for k in range(150)}, *[{7: [5]}] * 4, {k: [k] for k in range(60)}])
+@given(
+    st.lists(
+        st.dictionaries(
+            st.integers(0, 150),  # series: more than a first block holds, then churn
+            st.lists(st.integers(0, 3 * 10**10), min_size=1, max_size=5),  # > 10.49 s: overflow
+            max_size=120,
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_window_rows_hold_the_sums_of_the_parts_in_its_span(intervals: list) -> None:
+    """After each interval, every series' row is the naive sum of its parts in the last three
+    intervals, and no other row holds a count: as the block grows, rows are reused after
+    series leave, and it shrinks after churn."""
+    window = _Window(3.0)
+    parts_by_interval = []
+    for n, interval in enumerate(intervals):
+        parts = {
+            (("cgroup", f"/c{key}"),): SparseHistogram.of(Histogram.from_samples(values))
+            for key, values in interval.items()
+        }
+        parts_by_interval.append(parts)
+        window.add(T0_NS + n * SECOND_NS, parts)
+        expected: dict[tuple, Histogram] = {}
+        for held in parts_by_interval[-3:]:
+            for key, part in held.items():
+                expected.setdefault(key, Histogram.empty()).add(part.dense())
+        assert set(window.row_of) == set(expected)
+        for key, hist in expected.items():
+            row = window.rows[window.row_of[key]]
+            assert row[:-1].tolist() == hist.counts.tolist() and row[-1] == hist.overflow
+        others = np.ones(len(window.rows), dtype=bool)
+        others[list(window.row_of.values())] = False
+        assert not window.rows[others].any()
+        assert len(window.rows) <= max(64, 4 * len(window.row_of))
