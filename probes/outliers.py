@@ -152,6 +152,15 @@ def p99_bucket_upper_bounds_ns(
     return np.where(finite, bounds, no_threshold), totals
 
 
+@dataclass(slots=True)
+class _Counted:
+    """A stack's outlier events, under its counter's labels (made once: a busy host holds
+    hundreds of stacks, labelled afresh at every read before)."""
+
+    labels: Labels
+    events: int = 0
+
+
 def top_outlier_stacks(document: HistDocument, limit: int = 5) -> list[OutlierStack]:
     """The stacks with the most outlier events in a document, any probe."""
     stacks = [
@@ -192,7 +201,8 @@ class OutlierStream:
         self._user_symbols = user_symbols or shared_symbolizer().resolve
         self.prefix = prefix
         self._detail = detail
-        self._counts: dict[tuple[int, str, str, str], int] = {}
+        # Per (cgroup, kernel stack, user stack, detail): its counter's labels and events.
+        self._counts: dict[tuple[int, str, str, str], _Counted] = {}
         self._kernel_names: dict[int, str] = {}
         self._user_names: dict[tuple[int, int], str] = {}
         # Folded stack per stack id (user: per (id, tgid), symbols differ between processes).
@@ -217,7 +227,10 @@ class OutlierStream:
                 self._user_stack(int(event.user_stack_id), int(event.tgid)),
                 "" if self._detail is None else self._detail[1](int(event.detail)),
             )
-            self._counts[key] = self._counts.get(key, 0) + 1
+            counted = self._counts.get(key)
+            if counted is None:  # labelled once: a busy host holds hundreds of stacks
+                counted = self._counts[key] = _Counted(self._labels(*key))
+            counted.events += 1
         except Exception:  # an exception must not cross the C callback
             self.callback_errors += 1
         return 0
@@ -291,22 +304,26 @@ class OutlierStream:
 
     def counters(self, probe: str) -> dict[tuple[str, Labels], int]:
         """Cumulative ``<probe>_outlier_events`` per stack and ``<probe>_outlier_dropped``."""
-        out: dict[tuple[str, Labels], int] = {}
-        for (cgroup_id, kernel_stack, user_stack, detail), events in self._counts.items():
-            values: dict[str, LabelValue] = {
-                "cgroup": cgroup_id,
-                "kernel_stack": kernel_stack,
-                "user_stack": user_stack,
-            }
-            if self._detail is not None:
-                values[self._detail[0]] = detail
-            out[(probe + OUTLIER_EVENTS_SUFFIX, labels(**values))] = events
+        events = probe + OUTLIER_EVENTS_SUFFIX
+        out: dict[tuple[str, Labels], int] = {
+            (events, counted.labels): counted.events for counted in self._counts.values()
+        }
         dropped = self._bpf[f"{self.prefix}_outlier_dropped".encode()]
         for index, reason in enumerate(OUTLIER_DROP_REASONS):
             out[(probe + OUTLIER_DROPPED_SUFFIX, labels(reason=reason))] = int(
                 dropped.sum(index).value
             )
         return out
+
+    def _labels(self, cgroup_id: int, kernel_stack: str, user_stack: str, detail: str) -> Labels:
+        values: dict[str, LabelValue] = {
+            "cgroup": cgroup_id,
+            "kernel_stack": kernel_stack,
+            "user_stack": user_stack,
+        }
+        if self._detail is not None:
+            values[self._detail[0]] = detail
+        return labels(**values)
 
     def update_thresholds(self, cumulative: Mapping[int, Histogram]) -> dict[int, int]:
         """Threshold per cgroup = upper bound of the P99 bucket of its samples since the last
