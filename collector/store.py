@@ -66,13 +66,16 @@ def segment_name(first_start_ns: int, sequence: int = 0) -> str:
     return f"{first_start_ns:020d}-{sequence:04d}{SEGMENT_SUFFIX}"
 
 
-def encode_record(document: HistDocument, version: int = 2) -> bytes:
+def encode_record(
+    document: HistDocument, version: int = 2, texts: LabelTexts | None = None
+) -> bytes:
     """One record: magic, payload length, CRC-32 of the payload, payload.
 
     Version 2 (what writers write) packs the interval in binary and compresses it; a document
     with a value that does not fit in 64 bits falls back to version 1, the canonical
-    ``tailsight.hist/1`` text that earlier releases wrote."""
-    payload = _pack_interval(document) if version == 2 else None
+    ``tailsight.hist/1`` text that earlier releases wrote. ``texts``: a writer's, kept from one
+    record to the next."""
+    payload = _pack_interval(document, texts or LabelTexts()) if version == 2 else None
     if payload is None:
         text = document.dumps().encode("utf-8")
         return _RECORD_HEAD.pack(RECORD_MAGIC_V1, len(text), zlib.crc32(text)) + text
@@ -80,22 +83,57 @@ def encode_record(document: HistDocument, version: int = 2) -> bytes:
     return _RECORD_HEAD.pack(RECORD_MAGIC, len(compressed), zlib.crc32(compressed)) + compressed
 
 
-def _pack_interval(document: HistDocument) -> bytes | None:
+class LabelTexts:
+    """Each label set as the JSON text of the record metadata, kept by the identity of its key:
+    the agent hands the same key object for a series every interval (``LabelMemo``), and the
+    JSON of a busy host's thousands of label sets was a record's largest cost."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[LabelKey, str]] = {}  # id(key) -> (key, text)
+        self._names: dict[str, str] = {}  # counter name -> its JSON string
+
+    def of(self, key: LabelKey) -> str:
+        held = self._texts.get(id(key))
+        if held is None:  # the key is held with its text: no other object takes its id
+            held = self._texts[id(key)] = (key, _json(dict(key)))
+        return held[1]
+
+    def counter(self, name: str, key: LabelKey) -> str:
+        quoted = self._names.get(name)
+        if quoted is None:
+            quoted = self._names[name] = _json(name)
+        return f"[{quoted},{self.of(key)}]"
+
+    def keep_at_most(self, entries: int) -> None:
+        if len(self._texts) > entries:  # keys of series long gone
+            self._texts.clear()
+        if len(self._names) > entries:
+            self._names.clear()
+
+
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+"""``json.dumps`` as the metadata is written (one encoder: ``dumps`` with options makes one per
+call)."""
+
+
+def _pack_interval(document: HistDocument, texts: LabelTexts) -> bytes | None:
     """The binary layout of docs/recording.md from the document's own objects (never by
     re-parsing text); None when a value needs more than 64 bits."""
-    _check_writable(document)
+    series_keys, counter_keys = _check_writable(document)
     series = document.series
     sums = [s.sparse.sum_ns for s in series]
     values = [c.value for c in document.counters]
     if max((*sums, *values, document.end_ns), default=0) >= _UINT64_LIMIT:
         return None
-    meta = {
-        "start_ns": document.start_ns,
-        "end_ns": document.end_ns,
-        "series": [dict(s.labels) for s in series],
-        "counters": [[c.name, dict(c.labels)] for c in document.counters],
-    }
-    meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # The metadata as json.dumps writes {"start_ns", "end_ns", "series": [labels, ...],
+    # "counters": [[name, labels], ...]}, each label set's text made once (``texts``).
+    series_text = ",".join([texts.of(key) for key in series_keys])
+    counters_text = ",".join([texts.counter(name, key) for name, key in counter_keys])
+    meta_bytes = (
+        f'{{"start_ns":{document.start_ns},"end_ns":{document.end_ns},'
+        f'"series":[{series_text}],"counters":[{counters_text}]}}'
+    ).encode()
+    texts.keep_at_most(4 * (len(series_keys) + len(counter_keys)) + 1024)
     nonzero = [s.sparse.index for s in series]
     indices = np.concatenate(nonzero) if series else np.zeros(0)
     counts = np.concatenate([s.sparse.count for s in series]) if series else np.zeros(0)
@@ -113,33 +151,43 @@ def _pack_interval(document: HistDocument) -> bytes | None:
     )
 
 
-def _check_writable(document: HistDocument) -> None:
+def _check_writable(
+    document: HistDocument,
+) -> tuple[list[LabelKey], list[tuple[str, LabelKey]]]:
     """What readers would reject and the objects themselves do not rule out (histograms check
-    their own counts): a writer never writes a record that reads back as damaged."""
+    their own counts): a writer never writes a record that reads back as damaged. The keys of
+    the series and of the counters."""
     if not 0 <= document.start_ns <= document.end_ns <= _INT64_MAX:
         raise HistFormatError(f"interval [{document.start_ns}, {document.end_ns}] is not valid")
     seen: set[object] = set()
-    for s in document.series:
-        key = _checked_key(s.labels)
-        if key in seen:
-            raise HistFormatError(f"two series with labels {dict(key)}")
-        seen.add(key)
+    series_keys = [_checked_key(s) for s in document.series]
+    seen.update(series_keys)
+    if len(seen) < len(series_keys):
+        twice = next(key for n, key in enumerate(series_keys) if key in series_keys[:n])
+        raise HistFormatError(f"two series with labels {dict(twice)}")
+    counter_keys = []
     for c in document.counters:
         if not isinstance(c.name, str) or not c.name:
             raise HistFormatError(f"counter name must be a non-empty string, got {c.name!r}")
         if not isinstance(c.value, int) or c.value < 0:
             raise HistFormatError(f"counter {c.name!r}: value {c.value!r} is not a count")
-        counter_key = (c.name, _checked_key(c.labels))
+        counter_key = (c.name, _checked_key(c))
         if counter_key in seen:
             raise HistFormatError(f"two counters {c.name!r} with labels {dict(counter_key[1])}")
         seen.add(counter_key)
+        counter_keys.append(counter_key)
+    return series_keys, counter_keys
 
 
-def _checked_key(labels: Mapping[str, str]) -> LabelKey:
-    for name, value in labels.items():
+def _checked_key(item: Series | Counter) -> LabelKey:
+    """Its labels' key, checked to map strings to strings: the key it carries where it has one
+    (``to_document``'s, sorted: a busy host's interval holds thousands, sorted afresh here
+    before), else made from the labels once they are checked."""
+    key = item.key
+    for name, value in item.labels.items() if key is None else key:
         if not isinstance(name, str) or not isinstance(value, str):
-            raise HistFormatError(f"labels must map strings to strings, got {dict(labels)!r}")
-    return label_key(labels)
+            raise HistFormatError(f"labels must map strings to strings, got {dict(item.labels)!r}")
+    return label_key(item.labels) if key is None else key
 
 
 def _unpack_interval(payload: bytes) -> HistDocument:
@@ -426,6 +474,7 @@ class RecordingWriter:
         self._segment: Path | None = None
         self._segment_size = 0
         self._segment_opened = 0.0
+        self._texts = LabelTexts()
 
     @property
     def segment(self) -> Path | None:
@@ -436,7 +485,7 @@ class RecordingWriter:
         """Write one interval; durable on return when ``fsync`` (the default)."""
         if self._lock_fd is None:
             raise ValueError(f"recording writer for {self.directory} is closed")
-        record = encode_record(document, self.version)
+        record = encode_record(document, self.version, self._texts)
         if self._fd is not None and (
             self._segment_size + len(record) > self.segment_bytes
             or time.monotonic() - self._segment_opened > self.segment_s

@@ -38,6 +38,7 @@ from tailsight.collector.store import (
 )
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.probes.base import LabelMemo, Snapshot, labels
 
 INTERVAL_NS = 1_000_000_000
 T0_NS = 1_700_000_000 * 10**9
@@ -150,6 +151,33 @@ def test_values_beyond_64_bits_fall_back_to_format_1_records(tmp_path: Path) -> 
     with RecordingWriter(tmp_path) as writer:
         writer.append(doc)
     assert texts(Recording(tmp_path).documents()) == texts([doc])
+
+
+def test_label_texts_kept_between_records_give_each_record_its_own_labels(
+    tmp_path: Path,
+) -> None:
+    """The writer keeps each label set's JSON by its key object, which the agent hands again
+    every interval: each record still reads back as its own document while keys repeat, new
+    ones come and go, and counters of two names share labels."""
+    memo = LabelMemo()
+    paths = {1: '/a"é', 2: "/b\\c", 3: "/d"}
+    docs = []
+    with RecordingWriter(tmp_path) as writer:
+        for t, ids in enumerate([(1, 2), (2, 3), (1, 2, 3), (3,)]):
+            counters = {("runqueue_x", labels(cgroup=i)): t for i in ids}
+            counters |= {("runqueue_y", labels(cgroup=i)): i for i in ids}
+            reading = Snapshot(
+                "runqueue",
+                T0_NS + (t + 1) * INTERVAL_NS,
+                {labels(cgroup=i): Histogram.from_samples([1_000 * i]) for i in ids},
+                counters,
+            )
+            doc = reading.to_document(
+                T0_NS + t * INTERVAL_NS, lambda wanted: {i: paths[i] for i in wanted}, None, memo
+            )
+            writer.append(doc)
+            docs.append(doc)
+    assert texts(Recording(tmp_path).documents()) == texts(docs)
 
 
 def test_writer_refuses_what_readers_would_reject(tmp_path: Path) -> None:
