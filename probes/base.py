@@ -143,6 +143,16 @@ def matching_rows(
     return now_rows, np.array([row for _, row in both], dtype=np.intp)
 
 
+def changed_cells(
+    now: npt.NDArray[np.int64], before: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+    """(row, cell, now - before) of each cell where two blocks of rows differ, row by row and
+    cell by cell: one flat search (numpy's 2-D ``nonzero`` costs eight times as much)."""
+    flat = np.flatnonzero(now != before)
+    row, cell = np.divmod(flat, now.shape[1])
+    return row, cell, now.ravel()[flat] - before.ravel()[flat]
+
+
 def labels(**values: LabelValue) -> Labels:
     """Canonical label tuple (sorted by name)."""
     return tuple(sorted(values.items()))
@@ -485,11 +495,7 @@ class HistogramRows(Mapping[K, Histogram], Generic[K]):
             before[now_rows] = earlier.rows[old_rows]
             for now_row, old_row in zip(now_rows.tolist(), old_rows.tolist(), strict=True):
                 sums_before[now_row] = earlier.sums_ns[old_row]
-        # The changed cells, row by row and bucket by bucket (a flat index: numpy's 2-D nonzero
-        # costs eight times as much).
-        flat = np.flatnonzero(rows != before)
-        added = rows.ravel()[flat] - before.ravel()[flat]
-        row, bucket = np.divmod(flat, HIST_ROW)
+        row, bucket, added = changed_cells(rows, before)
         if added.size and int(added.min()) < 0:
             at = int(np.flatnonzero(added < 0)[0])
             r, b = int(row[at]), int(bucket[at])

@@ -66,15 +66,13 @@ def slot_histograms(
         totals = rows.sum(axis=1, dtype=np.float64)
         if float(totals.max()) >= 2.0**63:
             raise ValueError("bucket count does not fit in int64")
-    kept = np.flatnonzero(peaks)
+    kept = np.flatnonzero(peaks).tolist()
     # Reinterpreted as int64 (every count is below 2^63, checked above); copied only if rows
     # are left out: a copy of hundreds of rows costs a page fault per 4 KiB.
     counts = np.ascontiguousarray(rows).view(np.int64)
     if len(kept) < len(keys):
         counts = counts[kept]
-    return HistogramRows(
-        [keys[row] for row in kept.tolist()], counts, [int(sums_ns[row]) for row in kept.tolist()]
-    )
+    return HistogramRows([keys[row] for row in kept], counts, [int(sums_ns[row]) for row in kept])
 
 
 def table_items(table: Any) -> list[tuple[Any, Any]]:

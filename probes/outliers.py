@@ -25,6 +25,7 @@ from tailsight.probes.base import (
     HistogramRows,
     Labels,
     LabelValue,
+    changed_cells,
     labels,
     matching_rows,
 )
@@ -130,11 +131,9 @@ def p99_bucket_upper_bounds_ns(
     samples added since ``before``, and the upper bound of the bucket holding their P99 rank
     (``NO_THRESHOLD_NS`` if nothing was added or the rank overflows). Found from the changed
     cells only: a row holds a few dozen of its 2,000+ buckets. ValueError if a count went down."""
-    flat = np.flatnonzero(now != before)
-    added = now.ravel()[flat] - before.ravel()[flat]
+    row, bucket, added = changed_cells(now, before)
     if added.size and int(added.min()) < 0:
         raise ValueError("a cumulative histogram went down: counter reset")
-    row, bucket = np.divmod(flat, HIST_ROW)
     # Every added count is positive, so the running count rises strictly, across rows too: one
     # search finds each row's first cell that reaches its rank (an integer count reaches the
     # rank iff it reaches its ceiling).
