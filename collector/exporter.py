@@ -23,7 +23,6 @@ from tailsight.hist import (
     LINEAR_LIMIT_NS,
     NUM_BUCKETS,
     TAIL_BUCKETS,
-    Histogram,
     SparseHistogram,
     bucket_upper_bounds_ns,
 )
@@ -902,22 +901,6 @@ def _label_pair(pair: tuple[str, str]) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return f'{name}="{value}"'
-
-
-def _quantiles_ns(
-    groups: Sequence[Sequence[SparseHistogram | Histogram]], qs: Sequence[float]
-) -> list[list[float] | None]:
-    """``Histogram.quantiles`` of the sum of each group's parts (None for a group without any
-    observation), as a scrape finds them: all groups at once, from their non-zero buckets."""
-    merge = _Merge()
-    for group, parts in enumerate(groups):
-        sparse = [part for part in parts if isinstance(part, SparseHistogram)]
-        merge.add_sparse([group] * len(sparse), sparse)
-        dense = [part for part in parts if isinstance(part, Histogram)]
-        if dense:
-            rows = np.array([[*part.counts, part.overflow] for part in dense], dtype=np.int64)
-            merge.add_rows(np.full(len(dense), group, dtype=np.int64), rows)
-    return merge.quantiles_ns(len(groups), qs)
 
 
 def _quantiles_of_buckets(

@@ -23,7 +23,7 @@ from tailsight.collector.exporter import (
     Family,
     ProbeStatus,
     PrometheusExporter,
-    _quantiles_ns,
+    _Merge,
     _Window,
     counter_metric,
     metric_base,
@@ -31,6 +31,7 @@ from tailsight.collector.exporter import (
 )
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram, SparseHistogram, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.probes.base import HIST_ROW
 
 T0_NS = 1_700_000_000 * 10**9
 SECOND_NS = 10**9
@@ -540,7 +541,7 @@ def test_window_quantiles_match_histogram_quantiles_exactly() -> None:
         st.lists(
             st.tuples(
                 st.lists(st.integers(0, 3 * 10**10), max_size=40),  # > 10.49 s overflows
-                st.booleans(),  # a window's dense sum, else an interval's sparse part
+                st.booleans(),  # a row of the window's block, else an interval's sparse part
             ),
             max_size=4,
         ),
@@ -549,18 +550,23 @@ def test_window_quantiles_match_histogram_quantiles_exactly() -> None:
     )
 )
 def test_sparse_quantiles_equal_histogram_quantiles(groups: list) -> None:
-    """The exporter's quantiles of a group of parts (sparse and dense, as the 1 s gauge and the
-    window sums hand them over) are exactly those of the merged Histogram (the model's own
-    rule), empty and overflow-only groups included."""
+    """The exporter's quantiles of groups of parts (sparse ones, as the 1 s gauge hands them
+    over, and rows of a block, as the window's sums) are exactly those of the merged Histogram
+    (the model's own rule), empty and overflow-only groups included."""
     qs = (0.0, 0.5, 0.9, 0.99, 0.999, 1.0)
-    parts_of_groups = []
+    merge = _Merge()
     expected = []
-    for group in groups:
-        hists = [(Histogram.from_samples(np.array(v, dtype=np.int64)), d) for v, d in group]
-        parts_of_groups.append([h if d else SparseHistogram.of(h) for h, d in hists])
+    for group, parts in enumerate(groups):
+        hists = [(Histogram.from_samples(np.array(v, dtype=np.int64)), row) for v, row in parts]
+        sparse = [SparseHistogram.of(h) for h, row in hists if not row]
+        merge.add_sparse([group] * len(sparse), sparse)
+        rows = [[*h.counts, h.overflow] for h, row in hists if row]
+        merge.add_rows(
+            np.full(len(rows), group), np.array(rows, dtype=np.int64).reshape(-1, HIST_ROW)
+        )
         merged = sum((h for h, _ in hists), Histogram.empty())
         expected.append(merged.quantiles(qs) if merged.count else None)
-    assert _quantiles_ns(parts_of_groups, qs) == expected
+    assert merge.quantiles_ns(len(groups), qs) == expected
 
 
 @settings(max_examples=40, deadline=None)
