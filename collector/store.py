@@ -160,11 +160,13 @@ def _check_writable(
     if not 0 <= document.start_ns <= document.end_ns <= _INT64_MAX:
         raise HistFormatError(f"interval [{document.start_ns}, {document.end_ns}] is not valid")
     seen: set[object] = set()
-    series_keys = [_checked_key(s) for s in document.series]
-    seen.update(series_keys)
-    if len(seen) < len(series_keys):
-        twice = next(key for n, key in enumerate(series_keys) if key in series_keys[:n])
-        raise HistFormatError(f"two series with labels {dict(twice)}")
+    series_keys = []
+    for s in document.series:
+        key = _checked_key(s)
+        if key in seen:
+            raise HistFormatError(f"two series with labels {dict(key)}")
+        seen.add(key)
+        series_keys.append(key)
     counter_keys = []
     for c in document.counters:
         if not isinstance(c.name, str) or not c.name:
