@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
+from tailsight.hist import NUM_BUCKETS, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import (
     HIST_ROW,
@@ -324,20 +324,22 @@ class OutlierStream:
             values[self._detail[0]] = detail
         return labels(**values)
 
-    def update_thresholds(self, cumulative: Mapping[int, Histogram]) -> dict[int, int]:
+    def update_thresholds(self, cumulative: HistogramRows[int]) -> dict[int, int]:
         """Threshold per cgroup = upper bound of the P99 bucket of its samples since the last
-        call (kept if fewer than MIN_THRESHOLD_SAMPLES); written to the kernel if changed."""
+        call (kept if fewer than MIN_THRESHOLD_SAMPLES); written to the kernel if changed.
+        ``cumulative``: a read's block, a row per cgroup id."""
         table = self._bpf[f"{self.prefix}_outlier_threshold".encode()]
-        held = cumulative if isinstance(cumulative, HistogramRows) else HistogramRows.of(cumulative)
-        ids = list(held.row_keys)
+        ids = list(cumulative.row_keys)
         if not ids:
             return dict(self._thresholds)
         if ids != self._previous_ids[: len(ids)]:  # cgroups came or went: theirs first
             self._align(ids)
         before = self._previous_rows[: len(ids)]  # a view: what is seen below is kept in place
-        bounds, totals = p99_bucket_upper_bounds_ns(held.rows, before)
+        bounds, totals = p99_bucket_upper_bounds_ns(cumulative.rows, before)
         enough = totals >= MIN_THRESHOLD_SAMPLES
-        before[enough] = held.rows[enough]  # the rest keep counting towards their next threshold
+        before[enough] = cumulative.rows[
+            enough
+        ]  # the rest keep counting towards their next threshold
         for row in np.flatnonzero(enough).tolist():
             cgroup_id, threshold_ns = ids[row], int(bounds[row])
             if self._thresholds.get(cgroup_id) != threshold_ns:

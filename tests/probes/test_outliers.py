@@ -388,14 +388,14 @@ def test_thresholds_follow_the_interval_p99_with_enough_samples() -> None:
     thresholds = bpf.tables["x_outlier_threshold"]
     fast = Histogram.from_samples([10_000] * 100)  # P99 in bucket (5, 10] µs
     few = Histogram.from_samples([10_000] * 99)
-    assert stream.update_thresholds({1: fast, 2: few}) == {1: 10_000}
+    assert stream.update_thresholds(HistogramRows.of({1: fast, 2: few})) == {1: 10_000}
     assert dict(thresholds) == {1: 10_000}
     # the next interval (cumulative minus what was seen) is slower: the threshold follows it
     slower = fast.merge(Histogram.from_samples([2_000_000] * 100))
-    stream.update_thresholds({1: slower, 2: few})
+    stream.update_thresholds(HistogramRows.of({1: slower, 2: few}))
     assert thresholds[1] == 2_000_000
     # too few new samples: kept
-    stream.update_thresholds({1: slower.merge(Histogram.from_samples([1] * 50))})
+    stream.update_thresholds(HistogramRows.of({1: slower.merge(Histogram.from_samples([1] * 50))}))
     assert thresholds[1] == 2_000_000
 
 
@@ -421,7 +421,9 @@ def test_thresholds_are_the_p99_since_each_cgroups_last_threshold(
             pending.setdefault(cgroup_id, []).extend(samples)
         shown = sorted(interval, reverse=len(interval) % 2 == 1)  # order changes too
         got = stream.update_thresholds(
-            {i: Histogram.from_samples(cumulative[i]) for i in shown if i in cumulative}
+            HistogramRows.of(
+                {i: Histogram.from_samples(cumulative[i]) for i in shown if i in cumulative}
+            )
         )
         for cgroup_id in shown:
             samples = sorted(pending.get(cgroup_id, []))
