@@ -6,11 +6,16 @@ never drops it; under cgroup churn an agent would grow without bound. Freeing a 
 and locks. So the caches live in a child (``python -m tailsight.probes.symbolizer``) that is
 retired after ``RECYCLE_PIDS`` distinct pids: its memory goes with it, the agent's fds are never
 touched. One JSON line per request (``[pid, [address, ...]]``) and per answer (``[name, ...]``).
+
+Names are kept by file and offset (``/proc/<pid>/maps``), not by pid: a host runs many processes
+of the same binaries, each mapped at its own addresses, and asking the helper for each one's
+stacks loaded the same symbol tables once per pid (on a busy host most of the helper's CPU).
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
 import os
 import select
@@ -26,6 +31,8 @@ RECYCLE_PIDS: Final = 32
 """Distinct pids one helper serves before it is replaced (bounds its caches at ~30 MiB)."""
 ANSWER_TIMEOUT_S: Final = 5.0
 """A helper that takes longer (a huge binary, a stuck /proc read) is killed; frames unknown."""
+MAX_NAMES: Final = 65536
+"""Names kept by (file, offset); the cache starts over past this."""
 REST_S: Final = 30.0
 """After a timeout, frames read unknown without asking for this long: a slow machine must not
 stall the agent ANSWER_TIMEOUT_S per stack, interval after interval."""
@@ -49,27 +56,60 @@ class Symbolizer:
         self._lock = threading.Lock()
         self._helper: subprocess.Popen[bytes] | None = None
         self._pids: set[int] = set()
+        self._names: dict[FileOffset, str] = {}  # the same code in every process mapping it
+        self.asked = 0  # addresses the helpers were asked for
+        self._retired_cpu_s = 0.0  # CPU of the helpers retired so far
 
     def resolve(self, pid: int, addresses: Sequence[int]) -> list[str]:
         if not addresses:
             return []
         with self._lock:
-            if time.monotonic() < self._resting_until:
-                return [UNKNOWN_FRAME] * len(addresses)
-            if pid not in self._pids and len(self._pids) >= self.recycle_pids:
+            places = file_offsets(pid, addresses)
+            # Outside every file, only a JIT's perf map can name an address (bcc reads it);
+            # without one it is a frame the unwinder got wrong: unknown, the helper not asked.
+            outside = UNKNOWN_FRAME if None in places and not _has_perf_map(pid) else None
+            names = [outside if place is None else self._names.get(place) for place in places]
+            unnamed = [i for i, name in enumerate(names) if name is None]
+            if not unnamed:
+                return [name for name in names if name is not None]
+            answers = None
+            if time.monotonic() >= self._resting_until:
+                answers = self._ask_any(pid, [addresses[i] for i in unnamed])
+            if answers is None:  # no helper to answer now: unknown, asked again next time
+                return [UNKNOWN_FRAME if name is None else name for name in names]
+            if len(self._names) + len(unnamed) > MAX_NAMES:
+                self._names.clear()
+            # "[unknown]" is kept too (bcc has no symbol there), unless the process may have
+            # exited before the helper read it: alive after the answer, it was alive during it.
+            unknown_kept = UNKNOWN_FRAME not in answers or os.path.exists(f"/proc/{pid}")
+            for i, answer in zip(unnamed, answers, strict=True):
+                names[i] = answer
+                place = places[i]
+                if place is not None and (unknown_kept or answer != UNKNOWN_FRAME):
+                    self._names[place] = answer
+            return [str(name) for name in names]
+
+    def helper_cpu_s(self) -> float:
+        """CPU seconds of every helper so far, the live one's included: the agent's cost too."""
+        with self._lock:
+            live = 0.0 if self._helper is None else _cpu_s(self._helper.pid)
+            return self._retired_cpu_s + live
+
+    def _ask_any(self, pid: int, addresses: Sequence[int]) -> list[str] | None:
+        """The helper's names, or None (helper dead twice, or too slow)."""
+        if pid not in self._pids and len(self._pids) >= self.recycle_pids:
+            self._retire()
+        for _ in range(2):  # a helper that died (killed, OOM) gets one fresh successor
+            try:
+                return self._ask(pid, addresses)
+            except (OSError, ValueError, TimeoutError) as error:
+                self.failures += 1
                 self._retire()
-            for _ in range(2):  # a helper that died (killed, OOM) gets one fresh successor
-                self._pids.add(pid)
-                try:
-                    return self._ask(pid, addresses)
-                except (OSError, ValueError, TimeoutError) as error:
-                    self.failures += 1
-                    self._retire()
-                    if isinstance(error, TimeoutError):
-                        # Slow, not dead: do not stall the caller twice, nor the next callers.
-                        self._resting_until = time.monotonic() + self.rest_s
-                        break
-            return [UNKNOWN_FRAME] * len(addresses)
+                if isinstance(error, TimeoutError):
+                    # Slow, not dead: do not stall the caller twice, nor the next callers.
+                    self._resting_until = time.monotonic() + self.rest_s
+                    break
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -80,8 +120,10 @@ class Symbolizer:
         return None if self._helper is None else self._helper.pid
 
     def _ask(self, pid: int, addresses: Sequence[int]) -> list[str]:
-        helper = self._start()
+        helper = self._start()  # a fresh one serves no pid yet
         assert helper.stdin is not None and helper.stdout is not None
+        self._pids.add(pid)
+        self.asked += len(addresses)
         helper.stdin.write(json.dumps([pid, list(addresses)]).encode() + b"\n")
         helper.stdin.flush()
         line = _read_line(helper.stdout, self.answer_timeout_s)
@@ -109,6 +151,7 @@ class Symbolizer:
         self._pids.clear()
         if helper is None:
             return
+        self._retired_cpu_s += _cpu_s(helper.pid)  # all it used: it is killed next
         helper.kill()
         helper.wait()
         for pipe in (helper.stdin, helper.stdout):
@@ -130,6 +173,62 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
         chunks.append(chunk)
         if chunk.endswith(b"\n"):
             return b"".join(chunks)
+
+
+FileOffset = tuple[int, int, int]
+"""(device, inode, offset in the file) of mapped code: the same name in every process."""
+
+
+def file_offsets(pid: int, addresses: Sequence[int]) -> list[FileOffset | None]:
+    """Where each address of ``pid`` lies in a mapped file, or None (anonymous memory: JIT
+    code, heap; or the process is gone). Read from ``/proc/<pid>/maps`` at each call: a pid
+    reused by another program maps other files."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return [None] * len(addresses)
+    starts: list[int] = []
+    spans: list[tuple[int, int, int, int]] = []  # end, offset less start, device, inode
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        inode = int(fields[4])
+        if not inode:
+            continue
+        start, end = (int(bound, 16) for bound in fields[0].split(b"-"))
+        major, minor = (int(part, 16) for part in fields[3].split(b":"))
+        starts.append(start)
+        spans.append((end, int(fields[2], 16) - start, os.makedev(major, minor), inode))
+    places: list[FileOffset | None] = []
+    for address in addresses:
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0 or address >= spans[i][0]:
+            places.append(None)
+            continue
+        _, shift, device, inode = spans[i]
+        places.append((device, inode, address + shift))
+    return places
+
+
+def _has_perf_map(pid: int) -> bool:
+    """Whether the process wrote a perf map (``/tmp/perf-<pid>.map`` in its own mount and pid
+    namespaces), where JIT runtimes name the code they generate."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            ns_pids = next(line for line in status if line.startswith(b"NSpid:")).split()
+    except (OSError, StopIteration):
+        return False
+    return os.path.exists(f"/proc/{pid}/root/tmp/perf-{int(ns_pids[-1])}.map")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 _shared: Symbolizer | None = None
