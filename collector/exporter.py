@@ -30,6 +30,7 @@ from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.base import HIST_ROW
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.loader import read_program_stats
+from tailsight.probes.symbolizer import shared_symbolizer
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -718,7 +719,15 @@ class PrometheusExporter:
         with self._lock:
             for probe, n in sorted(self._folded.items()):
                 folded.add((("probe", probe),), n)
-        out = [attached, runs, run_time, missed, fill, errors, folded]
+        cpu = Family(
+            "tailsight_cpu_seconds",
+            "counter",
+            "CPU time of this agent's process and of its symbolizer helpers (they name the user "
+            "frames of outlier stacks): tailsight's cost to the host beside its BPF programs.",
+        )
+        cpu.add((("process", "agent"),), time.process_time())
+        cpu.add((("process", "symbolizer"),), shared_symbolizer().helper_cpu_s())
+        out = [attached, runs, run_time, missed, fill, errors, folded, cpu]
         for name, kind, help_text, value in (
             (
                 "tailsight_bpf_stats_enabled",
