@@ -42,7 +42,6 @@ LOST_STACK: Final = "[lost]"
 NO_THRESHOLD_NS: Final = 2**64 - 1
 # Frames of the tracing machinery itself, above the tracepoint's caller (leaf side).
 TRACING_FRAME_PREFIXES: Final = ("bpf_trace_run", "__bpf_trace_", "__traceiter_", "bpf_prog_")
-MAX_SYMBOL_CACHE: Final = 65536
 STACK_MAP_RECYCLE: Final = 1024
 """Half of OUTLIER_MAX_STACKS (outlier.bpf.h): symbolized ids deleted from the map past this."""
 _STACK_LABELS: Final = frozenset({"probe", "cgroup", "kernel_stack", "user_stack"})
@@ -203,7 +202,6 @@ class OutlierStream:
         # Per (cgroup, kernel stack, user stack, detail): its counter's labels and events.
         self._counts: dict[tuple[int, str, str, str], _Counted] = {}
         self._kernel_names: dict[int, str] = {}
-        self._user_names: dict[tuple[int, int], str] = {}
         # Folded stack per stack id (user: per (id, tgid), symbols differ between processes).
         self._kernel_folded: dict[int, str] = {}
         self._user_folded: dict[tuple[int, int], str] = {}
@@ -273,13 +271,10 @@ class OutlierStream:
         addresses = self._stack_addresses(stack_id)
         if addresses is None:
             return LOST_STACK
-        if len(self._user_names) > MAX_SYMBOL_CACHE:
-            self._user_names.clear()
-        missing = sorted({a for a in addresses if (tgid, a) not in self._user_names})
-        for address, name in zip(missing, self._user_symbols(tgid, missing), strict=True):
-            self._user_names[(tgid, address)] = name
-        names = [self._user_names[(tgid, address)] for address in addresses]
-        folded = self._user_folded[(stack_id, tgid)] = fold(names)
+        # Names are kept by the symbolizer, by file and offset: shared by every process.
+        unique = sorted(set(addresses))
+        names = dict(zip(unique, self._user_symbols(tgid, unique), strict=True))
+        folded = self._user_folded[(stack_id, tgid)] = fold([names[a] for a in addresses])
         return folded
 
     def drain(self) -> None:
