@@ -23,7 +23,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO, Final
 
 UNKNOWN_FRAME: Final = "[unknown]"  # bcc's name for an address it cannot symbolize
@@ -57,6 +58,7 @@ class Symbolizer:
         self._helper: subprocess.Popen[bytes] | None = None
         self._pids: set[int] = set()
         self._names: dict[FileOffset, str] = {}  # the same code in every process mapping it
+        self._representatives: dict[tuple[int, int], int] = {}  # (device, inode) -> pid asked
         self.asked = 0  # addresses the helpers were asked for
         self._retired_cpu_s = 0.0  # CPU of the helpers retired so far
 
@@ -64,30 +66,64 @@ class Symbolizer:
         if not addresses:
             return []
         with self._lock:
-            places = file_offsets(pid, addresses)
+            maps = _FileMaps.read(pid)
+            places = [None if maps is None else maps.place(a) for a in addresses]
             # Outside every file, only a JIT's perf map can name an address (bcc reads it);
             # without one it is a frame the unwinder got wrong: unknown, the helper not asked.
             outside = UNKNOWN_FRAME if None in places and not _has_perf_map(pid) else None
             names = [outside if place is None else self._names.get(place) for place in places]
             unnamed = [i for i, name in enumerate(names) if name is None]
-            if not unnamed:
-                return [name for name in names if name is not None]
-            answers = None
-            if time.monotonic() >= self._resting_until:
-                answers = self._ask_any(pid, [addresses[i] for i in unnamed])
-            if answers is None:  # no helper to answer now: unknown, asked again next time
-                return [UNKNOWN_FRAME if name is None else name for name in names]
             if len(self._names) + len(unnamed) > MAX_NAMES:
                 self._names.clear()
-            # "[unknown]" is kept too (bcc has no symbol there), unless the process may have
-            # exited before the helper read it: alive after the answer, it was alive during it.
-            unknown_kept = UNKNOWN_FRAME not in answers or os.path.exists(f"/proc/{pid}")
-            for i, answer in zip(unnamed, answers, strict=True):
-                names[i] = answer
-                place = places[i]
-                if place is not None and (unknown_kept or answer != UNKNOWN_FRAME):
-                    self._names[place] = answer
-            return [str(name) for name in names]
+                self._representatives.clear()
+            for asked_pid, asked in self._questions(pid, maps, addresses, places, unnamed):
+                answers = None
+                if time.monotonic() >= self._resting_until:
+                    answers = self._ask_any(asked_pid, [address for _, address in asked])
+                if answers is None:  # no helper to answer now: unknown, asked again next time
+                    continue
+                # "[unknown]" is kept too (bcc has no symbol there), unless the process may
+                # have exited before the helper read it: alive after the answer, it was alive
+                # during it.
+                unknown_kept = UNKNOWN_FRAME not in answers or os.path.exists(f"/proc/{asked_pid}")
+                for (i, _), answer in zip(asked, answers, strict=True):
+                    names[i] = answer
+                    place = places[i]
+                    if place is not None and (unknown_kept or answer != UNKNOWN_FRAME):
+                        self._names[place] = answer
+            return [UNKNOWN_FRAME if name is None else name for name in names]
+
+    def _questions(
+        self,
+        pid: int,
+        maps: _FileMaps | None,
+        addresses: Sequence[int],
+        places: Sequence[FileOffset | None],
+        unnamed: Sequence[int],
+    ) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+        """The unnamed addresses as questions to the helper: (pid, [(index, address there)]).
+
+        A place in a file is asked of that file's representative, the first live process seen
+        mapping it, at its own address there: the helper then serves a few pids (one per set of
+        binaries), not every process on the host, and is seldom replaced."""
+        questions: dict[int, list[tuple[int, int]]] = {}
+        maps_of: dict[int, _FileMaps | None] = {pid: maps}
+        for i in unnamed:
+            place = places[i]
+            asked_pid, address = pid, addresses[i]
+            if place is not None:
+                file = place[:2]
+                representative = self._representatives.get(file, pid)
+                if representative != pid:
+                    if representative not in maps_of:
+                        maps_of[representative] = _FileMaps.read(representative)
+                    there = maps_of[representative]
+                    address_there = None if there is None else there.address(place)
+                    if address_there is not None:  # else gone, or it no longer maps the file
+                        asked_pid, address = representative, address_there
+                self._representatives[file] = asked_pid
+            questions.setdefault(asked_pid, []).append((i, address))
+        yield from questions.items()
 
     def helper_cpu_s(self) -> float:
         """CPU seconds of every helper so far, the live one's included: the agent's cost too."""
@@ -179,35 +215,51 @@ FileOffset = tuple[int, int, int]
 """(device, inode, offset in the file) of mapped code: the same name in every process."""
 
 
-def file_offsets(pid: int, addresses: Sequence[int]) -> list[FileOffset | None]:
-    """Where each address of ``pid`` lies in a mapped file, or None (anonymous memory: JIT
-    code, heap; or the process is gone). Read from ``/proc/<pid>/maps`` at each call: a pid
-    reused by another program maps other files."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as maps:
-            lines = maps.read().splitlines()
-    except OSError:
-        return [None] * len(addresses)
-    starts: list[int] = []
-    spans: list[tuple[int, int, int, int]] = []  # end, offset less start, device, inode
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        inode = int(fields[4])
-        if not inode:
-            continue
-        start, end = (int(bound, 16) for bound in fields[0].split(b"-"))
-        major, minor = (int(part, 16) for part in fields[3].split(b":"))
-        starts.append(start)
-        spans.append((end, int(fields[2], 16) - start, os.makedev(major, minor), inode))
-    places: list[FileOffset | None] = []
-    for address in addresses:
-        i = bisect.bisect_right(starts, address) - 1
-        if i < 0 or address >= spans[i][0]:
-            places.append(None)
-            continue
-        _, shift, device, inode = spans[i]
-        places.append((device, inode, address + shift))
-    return places
+@dataclass(frozen=True)
+class _FileMaps:
+    """The file-backed mappings of one process (``/proc/<pid>/maps``), by start address."""
+
+    starts: list[int]
+    spans: list[tuple[int, int, int, int]]  # end, offset in the file less start, device, inode
+
+    @classmethod
+    def read(cls, pid: int) -> _FileMaps | None:
+        """Read at each call (None if the process is gone): a reused pid maps other files."""
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            return None
+        starts: list[int] = []
+        spans: list[tuple[int, int, int, int]] = []
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            inode = int(fields[4])
+            if not inode:  # anonymous: heap, stacks, JIT code
+                continue
+            start, end = (int(bound, 16) for bound in fields[0].split(b"-"))
+            major, minor = (int(part, 16) for part in fields[3].split(b":"))
+            starts.append(start)
+            spans.append((end, int(fields[2], 16) - start, os.makedev(major, minor), inode))
+        return cls(starts, spans)
+
+    def place(self, address: int) -> FileOffset | None:
+        """Where the address lies in a mapped file, or None (outside every file)."""
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i < 0 or address >= self.spans[i][0]:
+            return None
+        _, shift, device, inode = self.spans[i]
+        return (device, inode, address + shift)
+
+    def address(self, place: FileOffset) -> int | None:
+        """This process's address of a place in a file, or None if it does not map it there."""
+        device, inode, offset = place
+        for start, (end, shift, mapped_device, mapped_inode) in zip(
+            self.starts, self.spans, strict=True
+        ):
+            if (mapped_inode, mapped_device) == (inode, device) and start <= offset - shift < end:
+                return offset - shift
+        return None
 
 
 def _has_perf_map(pid: int) -> bool:

@@ -20,11 +20,13 @@ from tailsight.probes.symbolizer import UNKNOWN_FRAME, Symbolizer
 
 # Prints the addresses of two libc functions and one of the interpreter's own, as the target
 # process's loader resolved them.
-TARGET_CODE = """
+LIBC_FUNCTIONS = ("getpid", "qsort", "getppid", "atoi", "rand")  # no alias of another name
+TARGET_CODE = f"""
 import ctypes, sys
 libc = ctypes.CDLL(None)
 address = lambda f: ctypes.cast(f, ctypes.c_void_p).value
-print(address(libc.getpid), address(libc.qsort), address(ctypes.pythonapi.Py_GetVersion))
+print(*[address(getattr(libc, name)) for name in {LIBC_FUNCTIONS}])
+print(address(ctypes.pythonapi.Py_GetVersion))
 sys.stdout.flush()
 sys.stdin.readline()
 """
@@ -40,9 +42,10 @@ class Target:
             text=True,
         )
         assert self.proc.stdout is not None
-        getpid, qsort, version = self.proc.stdout.readline().split()
-        self.addresses = [int(getpid), int(qsort)]
-        self.interpreter_address = int(version)
+        libc = [int(address) for address in self.proc.stdout.readline().split()]
+        self.libc = dict(zip(LIBC_FUNCTIONS, libc, strict=True))
+        self.addresses = libc[:2]  # getpid, qsort
+        self.interpreter_address = int(self.proc.stdout.readline())
 
     def close(self) -> None:
         self.proc.kill()
@@ -96,6 +99,24 @@ def test_one_question_per_place_in_a_file_whatever_the_process(targets: list[Tar
     finally:
         symbolizer.close()
     assert symbolizer.helper_cpu_s() >= cpu_s  # a retired helper's CPU still counts
+
+
+def test_a_file_is_asked_of_one_live_process_that_maps_it(targets: list[Target]) -> None:
+    """Each process asks for another libc function: the helper is asked of the first one's
+    pid (one pid: never replaced), then of a live one when that one has exited."""
+    symbolizer = Symbolizer(recycle_pids=1)  # a second pid asked of would replace the helper
+    try:
+        for target, function in zip(targets[:-1], LIBC_FUNCTIONS, strict=False):
+            names = symbolizer.resolve(target.proc.pid, [target.libc[function]])
+            assert [plain(name) for name in names] == [function]
+        assert symbolizer.asked == TARGETS - 1 and symbolizer.helpers_started == 1
+        targets[0].close()  # the process the helper was asked of
+        last, function = targets[-1], LIBC_FUNCTIONS[-1]
+        names = symbolizer.resolve(last.proc.pid, [last.libc[function]])
+        assert [plain(name) for name in names] == [function]
+        assert symbolizer.asked == TARGETS and symbolizer.helpers_started == 2
+    finally:
+        symbolizer.close()
 
 
 def test_names_match_the_loader_and_helpers_are_recycled(copied_targets: list[Target]) -> None:
