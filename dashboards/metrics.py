@@ -77,6 +77,7 @@ OUTLIER_EVENTS_NAME_RE: Final = "tailsight_[a-z]+_outlier_events_total"
 BPF_RUN_TIME: Final = "tailsight_bpf_program_run_time_seconds_total"
 BPF_RUNS: Final = "tailsight_bpf_program_runs_total"
 BPF_MISSED_RUNS: Final = "tailsight_bpf_program_missed_runs_total"
+AGENT_CPU: Final = "tailsight_cpu_seconds_total"  # + process: agent, symbolizer
 MAP_FILL: Final = "tailsight_map_fill_ratio"
 EXPORT_TIME: Final = "tailsight_interval_export_seconds"
 SCRAPE_TIME: Final = "tailsight_scrape_duration_seconds"

@@ -135,6 +135,17 @@ def _agent_cost(board: dash.Dashboard) -> dash.Dashboard:
         )
         .with_panel(
             timeseries_panel(
+                "Agent CPU use (s per s)",
+                [query(rate(m.AGENT_CPU, ["process"]), "{{process}}")],
+                description=(
+                    "CPU of the agent's process and of its symbolizer helpers (they name the "
+                    "user frames of outlier stacks), beside the BPF time above."
+                ),
+                stacked=True,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
                 "Dropped events per second",
                 [
                     query(drops, "{{probe}} {{reason}}"),
