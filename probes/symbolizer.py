@@ -7,9 +7,10 @@ and locks. So the caches live in a child (``python -m tailsight.probes.symbolize
 retired after ``RECYCLE_PIDS`` distinct pids: its memory goes with it, the agent's fds are never
 touched. One JSON line per request (``[pid, [address, ...]]``) and per answer (``[name, ...]``).
 
-Names are kept by file and offset (``/proc/<pid>/maps``), not by pid: a host runs many processes
-of the same binaries, each mapped at its own addresses, and asking the helper for each one's
-stacks loaded the same symbol tables once per pid (on a busy host most of the helper's CPU).
+Names are kept by file and offset (``/proc/<pid>/maps``), not by pid, and a place in a file is
+asked of one live process that maps it: a host runs many processes of the same binaries, each
+mapped at its own addresses, and asking the helper of each one loaded the same symbol tables once
+per pid and replaced the helper every RECYCLE_PIDS pids (on a busy host most of its CPU).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Final
 
@@ -76,7 +77,8 @@ class Symbolizer:
             if len(self._names) + len(unnamed) > MAX_NAMES:
                 self._names.clear()
                 self._representatives.clear()
-            for asked_pid, asked in self._questions(pid, maps, addresses, places, unnamed):
+            questions = self._questions(pid, maps, addresses, places, unnamed)
+            for asked_pid, asked in questions.items():
                 answers = None
                 if time.monotonic() >= self._resting_until:
                     answers = self._ask_any(asked_pid, [address for _, address in asked])
@@ -100,8 +102,8 @@ class Symbolizer:
         addresses: Sequence[int],
         places: Sequence[FileOffset | None],
         unnamed: Sequence[int],
-    ) -> Iterator[tuple[int, list[tuple[int, int]]]]:
-        """The unnamed addresses as questions to the helper: (pid, [(index, address there)]).
+    ) -> dict[int, list[tuple[int, int]]]:
+        """The unnamed addresses as questions to the helper: pid -> [(index, address there)].
 
         A place in a file is asked of that file's representative, the first live process seen
         mapping it, at its own address there: the helper then serves a few pids (one per set of
@@ -123,7 +125,7 @@ class Symbolizer:
                         asked_pid, address = representative, address_there
                 self._representatives[file] = asked_pid
             questions.setdefault(asked_pid, []).append((i, address))
-        yield from questions.items()
+        return questions
 
     def helper_cpu_s(self) -> float:
         """CPU seconds of every helper so far, the live one's included: the agent's cost too."""
