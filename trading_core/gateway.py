@@ -156,13 +156,35 @@ class Gateway:
             raise GatewayError("not connected")
         return self._sock.fileno()
 
-    def logout(self) -> None:
-        """Send Logout Request and close (the server closes its side too)."""
+    def logout(self, timeout_s: float = 2.0) -> None:
+        """Send Logout Request, wait up to ``timeout_s`` for the server to close its side, and
+        close: the server ends the session before it closes, so a login right after is not
+        refused as a session still in use."""
         if self.connected:
             self._closing = "logout"  # the server closing its side now is our doing
             with contextlib.suppress(OSError):
                 self._send(soup.LogoutRequest())
+                self._await_close(time.monotonic() + timeout_s)
         self._shutdown("logout")
+
+    def _await_close(self, deadline: float) -> None:
+        """Until the server closes the connection (or the deadline): read by the reader thread
+        where there is one, else here."""
+        if self._reader is not None and self._reader.is_alive():
+            with self._state:
+                self._state.wait_for(
+                    lambda: self.disconnect_reason is not None, deadline - time.monotonic()
+                )
+            return
+        sock = self._sock
+        while sock is not None and self.disconnect_reason is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            with selectors.DefaultSelector() as selector:
+                selector.register(sock, selectors.EVENT_READ)
+                if selector.select(timeout=left):
+                    self.on_readable()
 
     def close(self) -> None:
         """Drop the connection without logging out (what a crash looks like to the server)."""

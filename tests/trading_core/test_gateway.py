@@ -214,6 +214,38 @@ def test_logout_and_end_of_session(topo: Topology) -> None:
     gateway.close()
 
 
+@pytest.mark.parametrize("reader_thread", [True, False])
+def test_logout_returns_once_the_exchange_ended_the_session(
+    topo: Topology, reader_thread: bool
+) -> None:
+    """The exchange is kept from ending the session for a while (its lock held): logout waits
+    for it, so a login right after is never refused as a session still in use."""
+    ex = exchange(topo)
+    ex.start()
+    try:
+        gateway = Gateway(topo, "ALICE", "alicepw", reader_thread=reader_thread)
+        gateway.connect()
+        account = ex._accounts["ALICE"]
+        held = threading.Event()
+
+        def hold_the_exchange() -> None:
+            with ex._lock:
+                held.set()
+                time.sleep(0.3)
+
+        holder = threading.Thread(target=hold_the_exchange)
+        holder.start()
+        held.wait()
+        gateway.logout()
+        assert account.connection is None  # ended before logout returned
+        assert gateway.disconnect_reason == "logout"
+        holder.join()
+        assert gateway.connect() == 1
+        gateway.logout()
+    finally:
+        ex.stop()
+
+
 _ALPHA = st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ")
 
 
