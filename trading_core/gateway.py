@@ -164,25 +164,20 @@ class Gateway:
             self._closing = "logout"  # the server closing its side now is our doing
             with contextlib.suppress(OSError):
                 self._send(soup.LogoutRequest())
-                self._await_close(time.monotonic() + timeout_s)
+                self._await_close(timeout_s)
         self._shutdown("logout")
 
-    def _await_close(self, deadline: float) -> None:
-        """Until the server closes the connection (or the deadline): read by the reader thread
-        where there is one, else here."""
+    def _await_close(self, timeout_s: float) -> None:
+        """Until the server closes the connection (or the time is up): read by the reader
+        thread where there is one, else here."""
         if self._reader is not None and self._reader.is_alive():
-            with self._state:
-                self._state.wait_for(
-                    lambda: self.disconnect_reason is not None, deadline - time.monotonic()
-                )
+            self.wait_for(lambda: self.disconnect_reason is not None, timeout_s)
             return
-        sock = self._sock
-        while sock is not None and self.disconnect_reason is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            with selectors.DefaultSelector() as selector:
-                selector.register(sock, selectors.EVENT_READ)
+        assert self._sock is not None  # connected
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._sock, selectors.EVENT_READ)
+            while self.disconnect_reason is None and (left := deadline - time.monotonic()) > 0:
                 if selector.select(timeout=left):
                     self.on_readable()
 
