@@ -61,7 +61,12 @@ class Symbolizer:
         self._names: dict[FileOffset, str] = {}  # the same code in every process mapping it
         self._representatives: dict[tuple[int, int], int] = {}  # (device, inode) -> pid asked
         self.asked = 0  # addresses the helpers were asked for
+        # The helpers' CPU, under a lock of its own: a scrape reads it, and must not wait
+        # behind a resolve waiting up to answer_timeout_s for a helper.
+        self._cpu_lock = threading.Lock()
         self._retired_cpu_s = 0.0  # CPU of the helpers retired so far
+        self._live_pid: int | None = None
+        self._live_cpu_s = 0.0  # the live helper's, as last read (a dead one reads 0)
 
     def resolve(self, pid: int, addresses: Sequence[int]) -> list[str]:
         if not addresses:
@@ -129,9 +134,10 @@ class Symbolizer:
 
     def helper_cpu_s(self) -> float:
         """CPU seconds of every helper so far, the live one's included: the agent's cost too."""
-        with self._lock:
-            live = 0.0 if self._helper is None else _cpu_s(self._helper.pid)
-            return self._retired_cpu_s + live
+        with self._cpu_lock:
+            if self._live_pid is not None:
+                self._live_cpu_s = max(self._live_cpu_s, _cpu_s(self._live_pid))
+            return self._retired_cpu_s + self._live_cpu_s
 
     def _ask_any(self, pid: int, addresses: Sequence[int]) -> list[str] | None:
         """The helper's names, or None (helper dead twice, or too slow)."""
@@ -182,6 +188,8 @@ class Symbolizer:
                 start_new_session=True,
             )
             self.helpers_started += 1
+            with self._cpu_lock:
+                self._live_pid, self._live_cpu_s = self._helper.pid, 0.0
         return self._helper
 
     def _retire(self) -> None:
@@ -189,7 +197,9 @@ class Symbolizer:
         self._pids.clear()
         if helper is None:
             return
-        self._retired_cpu_s += _cpu_s(helper.pid)  # all it used: it is killed next
+        with self._cpu_lock:  # all it used (it is killed next), or as last read if it died
+            self._retired_cpu_s += max(_cpu_s(helper.pid), self._live_cpu_s)
+            self._live_pid, self._live_cpu_s = None, 0.0
         helper.kill()
         helper.wait()
         for pipe in (helper.stdin, helper.stdout):

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,8 +180,18 @@ def test_a_stuck_helper_costs_one_timeout_then_frames_read_unknown_for_a_while(
         os.kill(stuck, signal.SIGSTOP)  # alive, never answers
         interpreter = [first.interpreter_address]  # not asked for yet
         started = time.monotonic()
-        assert symbolizer.resolve(first.proc.pid, interpreter) == [UNKNOWN_FRAME]
+        answer: list[list[str]] = []
+        waiting = threading.Thread(
+            target=lambda: answer.append(symbolizer.resolve(first.proc.pid, interpreter))
+        )
+        waiting.start()
+        time.sleep(0.1)
+        cpu_s = symbolizer.helper_cpu_s()  # a scrape does not wait behind the stuck answer
+        assert time.monotonic() - started < 0.4 and waiting.is_alive()
+        waiting.join()
+        assert answer == [[UNKNOWN_FRAME]]
         assert 0.5 <= time.monotonic() - started < 1.5  # one timeout, no second try
+        assert symbolizer.helper_cpu_s() >= cpu_s  # the killed helper's CPU still counts
         assert not Path(f"/proc/{stuck}").exists()  # killed and reaped
         started = time.monotonic()
         for target in targets:  # resting: no helper, no wait; names known already still are
