@@ -332,9 +332,8 @@ class OutlierStream:
         before = self._previous_rows[: len(ids)]  # a view: what is seen below is kept in place
         bounds, totals = p99_bucket_upper_bounds_ns(cumulative.rows, before)
         enough = totals >= MIN_THRESHOLD_SAMPLES
-        before[enough] = cumulative.rows[
-            enough
-        ]  # the rest keep counting towards their next threshold
+        # The rest keep counting towards their next threshold.
+        before[enough] = cumulative.rows[enough]
         for row in np.flatnonzero(enough).tolist():
             cgroup_id, threshold_ns = ids[row], int(bounds[row])
             if self._thresholds.get(cgroup_id) != threshold_ns:
