@@ -203,8 +203,26 @@ CONFIG_FILTER_ON: Final = 0
 
 
 def set_config(bpf: Any, probe: str, slot: int, value: int) -> None:
-    """Write slot ``slot`` of the probe's ``<probe>_config`` array (u32 values user space sets)."""
-    bpf[f"{probe}_config".encode()][ctypes.c_int(slot)] = ctypes.c_uint32(value)
+    """Write word ``slot`` of the probe's config, u32 words only user space sets.
+
+    ``<probe>_config`` is an array of the words, or a per-CPU array of one value that starts
+    with them (``config``) and goes on with that CPU's slot cache, so that an event reads one
+    cache line for both (migration).  Each CPU's copy gets the words; its cache is emptied,
+    which cannot keep a binding user space has since given back.
+    """
+    from bcc.table import PerCpuArray
+
+    table = bpf[f"{probe}_config".encode()]
+    if not isinstance(table, PerCpuArray):
+        table[ctypes.c_int(slot)] = ctypes.c_uint32(value)
+        return
+    key = ctypes.c_int(0)
+    words = list(table[key][0].config)  # the same in every copy: BPF never writes them
+    words[slot] = value
+    fresh = table.Leaf()
+    for copy in fresh:
+        copy.config[:] = words
+    table[key] = fresh
 
 
 MISSED_RUN: Final = "missed_run"

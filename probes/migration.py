@@ -72,7 +72,9 @@ MAX_SLOTS: Final = 1024
 KINDS_ROW: Final = 8  # counters per slot row in migration.bpf.c
 COUNTS_BYTES_PER_CPU: Final = MAX_SLOTS * KINDS_ROW * 8
 """What each CPU adds to migration_counts (an array, yet one row per CPU and slot)."""
-_CONFIG_SELFCHECK_TID: Final = 1  # migration_config slot (0 is the cgroup filter's)
+# migration_config words (0 is the cgroup filter's).
+_CONFIG_SELFCHECK_TID: Final = 1
+_CONFIG_CROSS_NODE: Final = 2
 
 
 def read_vmstat(proc_root: Path | str = "/proc") -> dict[str, int]:
@@ -185,6 +187,9 @@ class MigrationProbe(BccProbe):
             node = topology.node_of(cpu)
             if node or cpu in topology.cpu_node:
                 table[ctypes.c_int(cpu)] = ctypes.c_uint32(node)
+        # Unmapped CPUs are node 0: with every node 0 no move crosses nodes, and the program
+        # skips the map.
+        set_config(self._bpf, PROBE_NAME, _CONFIG_CROSS_NODE, any(topology.cpu_node.values()))
 
     def read(self) -> Snapshot:
         """Cumulative per-cgroup counters, drops and host-wide page migration, as of now."""
