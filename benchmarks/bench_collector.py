@@ -27,16 +27,20 @@ import numpy as np
 
 
 class SyntheticProbe:
-    """Cumulative histograms and counters for ``cgroups`` cgroup ids, advanced on every read."""
+    """Cumulative histograms and counters for ``cgroups`` cgroup ids, advanced on every read,
+    held as the real probes hold theirs: one block of slot rows (``HistogramRows``)."""
 
     def __init__(self, name: str, cgroup_ids: list[int], seed: int) -> None:
-        from tailsight.hist import Histogram
+        from tailsight.probes.base import HIST_ROW, labels
 
         self.name = name
-        self.ids = cgroup_ids
+        self.keys = [labels(cgroup=i) for i in cgroup_ids]
         self.rng = np.random.default_rng(seed)
-        self.state = {i: Histogram.empty() for i in cgroup_ids}
-        self.counters: dict[tuple[str, object], int] = {}
+        self.rows = np.zeros((len(cgroup_ids), HIST_ROW), dtype=np.int64)
+        self.sums_ns = np.zeros(len(cgroup_ids), dtype=np.int64)
+        self.counters = {
+            (f"{name}_displaced_switches", labels(victim=i, aggressor=0)): 0 for i in cgroup_ids
+        }
         self.read_cpu_s = 0.0  # this stand-in's own cost, not the collector's
 
     def attach(self) -> None:
@@ -44,17 +48,18 @@ class SyntheticProbe:
 
     def read(self):  # type: ignore[no-untyped-def]
         from tailsight.hist import NUM_BUCKETS
-        from tailsight.probes.base import Snapshot, labels
+        from tailsight.probes.base import HistogramRows, Snapshot
 
         began = time.process_time()
-        for cgroup_id, hist in self.state.items():
-            # ~40 distinct buckets per interval, mostly below 1 ms, a few in the tail.
-            buckets = np.minimum(self.rng.geometric(0.02, 40), NUM_BUCKETS - 1)
-            np.add.at(hist.counts, buckets, self.rng.integers(1, 50, 40))
-            hist.sum_ns += int(buckets.sum()) * 5_000
-            key = (f"{self.name}_displaced_switches", labels(victim=cgroup_id, aggressor=0))
-            self.counters[key] = self.counters.get(key, 0) + 3
-        histograms = {labels(cgroup=i): h.copy() for i, h in self.state.items()}
+        # ~40 distinct buckets per cgroup and interval, mostly below 1 ms, a few in the tail.
+        shape = (len(self.keys), 40)
+        buckets = np.minimum(self.rng.geometric(0.02, shape), NUM_BUCKETS - 1)
+        rows = np.broadcast_to(np.arange(shape[0])[:, None], shape)
+        np.add.at(self.rows, (rows, buckets), self.rng.integers(1, 50, shape))
+        self.sums_ns += buckets.sum(axis=1) * 5_000
+        for key in self.counters:
+            self.counters[key] += 3
+        histograms = HistogramRows(self.keys, self.rows.copy(), self.sums_ns.tolist())
         snapshot = Snapshot(self.name, time.time_ns(), histograms, dict(self.counters))
         self.read_cpu_s += time.process_time() - began
         return snapshot

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,6 +47,9 @@ DROP_REASONS: Final = ("counter_full", "cpu_out_of_range")
 REQUIRED_TRACEPOINT: Final = "sched_migrate_task"
 # Host-wide page migration counters (not per cgroup: the kernel keeps them per host/node only).
 VMSTAT_COUNTERS: Final = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_migrated")
+_VMSTAT_LINE: Final = re.compile(
+    rb"^(%b) (\d+)$" % b"|".join(n.encode() for n in VMSTAT_COUNTERS), re.M
+)
 HOST_PREFIX: Final = "host_"
 HOST_LABELS: Final = labels(scope="host")
 INFO: Final = ProbeInfo(
@@ -79,16 +83,12 @@ _CONFIG_CROSS_NODE: Final = 2
 
 def read_vmstat(proc_root: Path | str = "/proc") -> dict[str, int]:
     """The VMSTAT_COUNTERS this kernel has (``<proc_root>/vmstat``); missing ones are left out."""
-    values: dict[str, int] = {}
     try:
-        text = (Path(proc_root) / "vmstat").read_text(encoding="ascii")
+        text = (Path(proc_root) / "vmstat").read_bytes()
     except OSError:
-        return values
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in VMSTAT_COUNTERS:
-            values[name] = int(value)
-    return values
+        return {}
+    # One search for three names among ~190 lines: splitting them all was ~2/5 of a read.
+    return {name.decode(): int(value) for name, value in _VMSTAT_LINE.findall(text)}
 
 
 def resolve_task_cpu_offset(btf: Any) -> int:
