@@ -5,6 +5,7 @@ cgroup filter, map arrays for reading, expose program fds, close."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import mmap
 from collections.abc import Callable, Iterable, Sequence
@@ -177,12 +178,45 @@ def move_slot_hint(bpf: Any, prefix: str, slot: int) -> None:
         hint[zero] = hint.Leaf(slot)
 
 
+def hash_map_entries(table: Any) -> int:
+    """Entries in a bcc hash table now: ``BPF_MAP_LOOKUP_BATCH`` into one buffer, counted without
+    making a Python object per entry (``table_items`` makes two; every scrape counts every map,
+    ~1 µs an entry on a busy host)."""
+    from bcc.libbcc import lib
+
+    if table.max_entries == 0:
+        return 0
+    keys = (table.Key * table.max_entries)()
+    values = (table.Leaf * table.max_entries)()
+    batch, count = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    total = 0
+    while total < table.max_entries:
+        count.value = table.max_entries - total
+        result = lib.bpf_lookup_batch(
+            table.map_fd,
+            ctypes.byref(batch) if total else None,
+            ctypes.byref(batch),
+            ctypes.byref(keys, ctypes.sizeof(table.Key) * total),
+            ctypes.byref(values, ctypes.sizeof(table.Leaf) * total),
+            ctypes.byref(count),
+        )
+        error = ctypes.get_errno()
+        total += count.value
+        if result != 0 and error == errno.ENOENT:
+            break  # the last batch
+        if result != 0:  # no batch ops (before 5.6) or another failure: walk the keys
+            return len(table_items(table))
+        if count.value == 0:  # no progress (a bucket grew meanwhile): as counted so far
+            break
+    return total
+
+
 def hash_map_fill(bpf: Any) -> dict[str, float]:
     """Entries / max entries of each plain hash map the probe has opened."""
     from bcc.table import BPF_MAP_TYPE_HASH
 
     return {
-        (name.decode() if isinstance(name, bytes) else str(name)): len(table_items(table))
+        (name.decode() if isinstance(name, bytes) else str(name)): hash_map_entries(table)
         / table.max_entries
         for name, table in bpf.tables.items()
         if table.ttype == BPF_MAP_TYPE_HASH and table.max_entries
