@@ -241,8 +241,10 @@ def set_config(bpf: Any, probe: str, slot: int, value: int) -> None:
 
     ``<probe>_config`` is an array of the words, or a per-CPU array of one value that starts
     with them (``config``) and goes on with that CPU's slot cache, so that an event reads one
-    cache line for both (migration).  Each CPU's copy gets the words; its cache is emptied,
-    which cannot keep a binding user space has since given back.
+    cache line for both (migration).  Each CPU's copy gets the words, and its cache is emptied
+    (the value is written whole, while programs on other CPUs may read it: only zeros are
+    written there, which the program reads as a miss); an unchanged word is not written, so a
+    filter synced every interval does not empty the caches every interval.
     """
     from bcc.table import PerCpuArray
 
@@ -252,6 +254,8 @@ def set_config(bpf: Any, probe: str, slot: int, value: int) -> None:
         return
     key = ctypes.c_int(0)
     words = list(table[key][0].config)  # the same in every copy: BPF never writes them
+    if words[slot] == value:
+        return
     words[slot] = value
     fresh = table.Leaf()
     for copy in fresh:

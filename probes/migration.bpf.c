@@ -100,9 +100,12 @@ struct migration_selfcheck {
     u32 dest_cpu;
 };
 
+/* slot_plus_one is the slot + 1: user space empties the caches with zeros while programs on
+ * other CPUs may read them (bccprobe.set_config), and an entry read half emptied then has a 0
+ * in one field or the other, a miss either way, never another cgroup's slot. */
 struct migration_slot_cached {
     u64 cgroup_id;
-    u32 slot;
+    u32 slot_plus_one;
     u32 pad;
 };
 
@@ -173,8 +176,8 @@ static __always_inline s32 slot_of(struct migration_cpu *cpu, u64 cgroup_id)
     s32 slot;
 
     cached = &cpu->cache[cgroup_id & (SLOT_CACHE - 1)];
-    if (cached->cgroup_id == cgroup_id && cgroup_id)
-        return cached->slot;
+    if (cached->cgroup_id == cgroup_id && cgroup_id && cached->slot_plus_one)
+        return (s32)(cached->slot_plus_one - 1);
     known = migration_slots.lookup(&cgroup_id);
     if (known) {
         slot = (s32)*known;
@@ -188,7 +191,7 @@ static __always_inline s32 slot_of(struct migration_cpu *cpu, u64 cgroup_id)
             return -1;
     }
     cached->cgroup_id = cgroup_id;
-    cached->slot = (u32)slot;
+    cached->slot_plus_one = (u32)slot + 1;
     return slot;
 }
 
