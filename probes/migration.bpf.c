@@ -234,7 +234,9 @@ int on_sched_migrate_task(struct bpf_raw_tracepoint_args *ctx)
     u32 check_tid;
     u32 zero = 0;
 
-    if (!cpu || src_cpu < 0 || (u32)src_cpu == dest_cpu)
+    if (!cpu)
+        return 0;
+    if (src_cpu < 0 || (u32)src_cpu == dest_cpu)
         return 0; /* not a migration: the kernel leaves nr_migrations alone too */
     cgroup_id = task_cgroup_id(task);
     check_tid = cpu->config[CONFIG_SELFCHECK_TID];
