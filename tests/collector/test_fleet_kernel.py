@@ -154,7 +154,7 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
         hog = Workload([python_task("hog", HOG_CODE, cpu=HOG_CPU)], base=host_a)
         # Timed before the start: this test shares its CPU with both agents, Prometheus and B's
         # real-time victim, and was seen to return from the hog's start 15 s after the hog ran
-        # (7 Dec; agent A's ticks stalled as long, cause not found).
+        # (7 Dec; agent A's ticks stalled as long, see LIGHT_VICTIM_LOOP).
         injected = time.time()
         with hog:
             time.sleep(FAULT_S)
@@ -209,10 +209,10 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     late_s = jump["change_start_ns"] / 1e9 - injected
     assert -2 * SCRAPE_S <= late_s <= 6 * SCRAPE_S, (late_s, timeline)
     aggressors = jump["displacement"]["aggressors"]
-    # Shown if it fails (once in CI, cause unknown: "other", the aggressors outside host A's
-    # subtree, came first; in a passing run "other" displaces the victim ~6 ms an interval
-    # before the hog and the hog ~240 ms after): every jump of the victim, dated against the
-    # injection, with its aggressors.
+    # Shown if it fails (twice before host B's victim was made lighter, "other", the aggressors
+    # outside host A's subtree, came first; in a passing run "other" displaces the victim ~6 ms
+    # an interval before the hog and the hog ~240 ms after): every jump of the victim, dated
+    # against the injection, with its aggressors.
     jumps = [
         (j["change_start_ns"] / 1e9 - injected, j["displacement"]["aggressors"][:3]) for j in mine
     ]

@@ -32,7 +32,8 @@ def test_runqueue_map_fill_counts_the_cgroup_slots(kernel_ready: None) -> None:
 
 
 def test_hash_map_entries_counts_what_user_space_put_in(kernel_ready: None) -> None:
-    # A prime number of keys, more than one batch of the kernel's walk holds.
+    # A prime number of keys, far more than a quiet host's map holds (one batch takes them all:
+    # the buffer is max_entries long).
     with NetSyscallProbe() as probe:
         table = probe._bpf[b"netsyscall_errors"]
         for n in range(1, 1_500):
