@@ -151,24 +151,27 @@ def test_demo_names_the_injected_neighbour_and_cleans_up(
     assert re.search(jump, narrative) is not None, text
     cause = f"Likely cause: {victim} waited for CPUs held by {aggressor}"
     assert cause in narrative, text
-    # When: the headline time of the first incident whose likely cause is the hog, against the
-    # moment the test saw the hog's cgroup populated. That incident may be the victim's own jump
-    # or the all-cgroups jump it explains: a rise in two steps (CI, 2 Dec: x1.5 at the injection,
-    # x3 six seconds later) dates the victim's own series at the larger step.
-    headlines = list(
-        re.finditer(
-            r"\d+\. \S.*? rose \S+ \S+ -> \S+ \S+ \(P99, x[\d.,]+\) at (\d\d):(\d\d):(\d\d)",
-            narrative,
-        )
-    )
+    # When: the first incident whose likely cause is the hog starts when its earliest jump does
+    # (the headline or one of its "*" jumps), against the moment the test saw the hog's cgroup
+    # populated. A rise in two steps (CI, 2 Dec: x1.5 at the injection, x3 six seconds later;
+    # 7 Dec: 3.7 -> 11 ms four seconds later) dates the victim's own series at the larger step,
+    # while a jump of the same incident (the exchange's, an aggregate's) dates the first.
+    headlines = list(re.finditer(r"\d+\. \S.*? (?:rose|fell) ", narrative))
     ends = [h.start() for h in headlines[1:]] + [len(narrative)]
-    named = [h for h, end in zip(headlines, ends, strict=True) if cause in narrative[h.end() : end]]
+    named = [
+        narrative[h.start() : end]
+        for h, end in zip(headlines, ends, strict=True)
+        if cause in narrative[h.end() : end]
+    ]
     assert named, text
-    hour, minute, second = map(int, named[0].groups())
+    dated = r"(?:rose|fell) \S+ \S+ -> \S+ \S+ \(P\d+(?:\.\d+)?, x[\d.,]+\) at (\d\d):(\d\d):(\d\d)"
     injected = time.gmtime(watched.inject_ns / 1e9)
-    said_s = hour * 3600 + minute * 60 + second
     truth_s = injected.tm_hour * 3600 + injected.tm_min * 60 + injected.tm_sec
-    assert abs((said_s - truth_s + 43200) % 86400 - 43200) <= 3, (named[0].group(0), injected)
+    errors_s = [
+        (int(h) * 3600 + int(m) * 60 + int(s) - truth_s + 43200) % 86400 - 43200
+        for h, m, s in re.findall(dated, named[0])
+    ]
+    assert errors_s and abs(min(errors_s)) <= 3, (named[0], injected)
     html = out / "report.html"
     assert html.is_file() and aggressor in html.read_text(), text
     assert f"HTML report: {html}" in narrative
