@@ -1,6 +1,7 @@
 """Cost per event of the netsyscall probe's sys_enter/sys_exit programs, for a syscall it does
 not trace (a getpid loop) and one it does (UDP sendto to loopback), each against an empty program
-on the same tracepoint in the same attach mode, attached at the same time.  Figures come from the
+on the same tracepoint in the same attach mode, attached at the same time, in both attach orders
+(see bench_probe_overhead.py: the first program on a tracepoint costs more).  Figures come from the
 kernel's BPF run-time stats (run_time_ns / run_cnt); every syscall on the machine runs both
 programs, so the share of events our loop caused is printed too.
 
@@ -15,12 +16,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
+from typing import Any
 
-from bench_probe_overhead import prog_stats
+from bench_probe_overhead import PerEvent, both_orders_line, dropped, in_both_orders, measure
 
-HERE = Path(__file__).resolve().parent
 TRACEPOINTS = ("sys_enter", "sys_exit")
 
 
@@ -53,25 +53,6 @@ def sendto_loop(seconds: float) -> int:
     return calls
 
 
-def measure(
-    fds: Mapping[str, tuple[int, int]], load: Callable[[float], int], seconds: float
-) -> tuple[int, dict[str, tuple[float, float, int]]]:
-    """Run the load; per tracepoint (ours ns/event, empty ns/event, events)."""
-    before = {tp: (prog_stats(ours), prog_stats(empty)) for tp, (ours, empty) in fds.items()}
-    calls = load(seconds)
-    result = {}
-    for tp, (ours, empty) in fds.items():
-        (ours_ns0, ours_n0), (empty_ns0, empty_n0) = before[tp]
-        ours_ns, ours_n = prog_stats(ours)
-        empty_ns, empty_n = prog_stats(empty)
-        result[tp] = (
-            (ours_ns - ours_ns0) / max(1, ours_n - ours_n0),
-            (empty_ns - empty_ns0) / max(1, empty_n - empty_n0),
-            ours_n - ours_n0,
-        )
-    return calls, result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run for CI (~6 s)")
@@ -83,43 +64,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from tailsight.probes.features import enable_bpf_stats
-    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
-    from tailsight.probes.netsyscall import DROPPED, NetSyscallProbe
+    from tailsight.probes.netsyscall import NetSyscallProbe
 
-    empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
-    probe = NetSyscallProbe()
+    loads = {"getpid (not traced)": getpid_loop, "sendto (traced)": sendto_loop}
+
+    def run(
+        fds: Mapping[str, tuple[int, int]], probe: Any
+    ) -> tuple[dict[str, tuple[int, PerEvent]], int]:
+        runs = {name: measure(fds, load, seconds) for name, load in loads.items()}
+        return runs, dropped(probe.read())
+
     with enable_bpf_stats() as mechanism:
-        probe.attach()
-        mode = probe.attach_mode or "raw_tp"
-        baseline = attach_raw_tracepoints(empty, "empty", TRACEPOINTS, mode=mode)
-        try:
-            ours = probe.program_fds()
-            fds = {tp: (ours[tp], baseline.prog_fds[tp]) for tp in TRACEPOINTS}
-            runs = {
-                "getpid (not traced)": measure(fds, getpid_loop, seconds),
-                "sendto (traced)": measure(fds, sendto_loop, seconds),
-            }
-            snapshot = probe.read()
-        finally:
-            baseline.close()
-            probe.close()
-            empty.cleanup()
-
+        mode, results = in_both_orders(NetSyscallProbe, TRACEPOINTS, run)
     print(
         f"stats via {mechanism}; attach mode {mode} (the empty programs too); each load runs "
-        f"{seconds:.1f} s in one Python thread"
+        f"{seconds:.1f} s per attach order in one Python thread"
     )
-    for load, (calls, per_tp) in runs.items():
-        events = per_tp["sys_enter"][2]
+    for load in loads:
+        calls = sum(runs[load][0] for runs, _ in results)
+        events = sum(runs[load][1]["sys_enter"][2] for runs, _ in results)
         share = 100 * calls / events if events else 0.0
         print(f"{load}: {calls:,} calls, {events:,} sys_enter events ({share:.0f}% ours)")
-        for tp, (ours_ns, empty_ns, _) in per_tp.items():
-            print(
-                f"  {tp:9}: netsyscall {ours_ns:7.1f} ns/event, empty {empty_ns:6.1f} ns/event, "
-                f"ratio {ours_ns / empty_ns:5.2f}x, added {ours_ns - empty_ns:6.1f} ns"
-            )
-    dropped = sum(v for (name, _), v in snapshot.counters.items() if name == DROPPED)
-    print(f"drops during the run: {dropped}")
+        for tp in TRACEPOINTS:
+            per_order = [runs[load][1][tp] for runs, _ in results]
+            print("  " + both_orders_line(f"{tp:9} netsyscall", per_order))
+    print(f"drops during the runs: {sum(n for _, n in results)}")
     return 0
 
 

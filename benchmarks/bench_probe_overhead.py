@@ -1,8 +1,15 @@
-"""Cost per event of the run-queue probe's sched_switch program, against an empty program on the
-same tracepoint, in the same attach mode (tp_btf or raw_tp), attached at the same time, under a
-context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU).  Figures
-come from the kernel's BPF run-time stats (run_time_ns / run_cnt of bpf_prog_info).
-The probe has no sched_wakeup program: nothing else to measure.
+"""Cost per event of each probe's programs against an empty program on the same tracepoint, in
+the same attach mode (tp_btf or raw_tp), attached at the same time: runqueue's sched_switch
+under a context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU),
+tcpstate's inet_sock_set_state (loopback connections) and migration's sched_migrate_task
+(affinity flips).  Figures come from the kernel's BPF run-time stats (run_time_ns / run_cnt of
+bpf_prog_info).  The run-queue probe has no sched_wakeup program: nothing else to measure.
+
+The first program attached to a tracepoint costs more than the next one: two empty programs on
+one tracepoint, 77 vs 65 ns per sched_migrate_task and 66 vs 59 ns per inet_sock_set_state (7 Dec,
+medians of 6 rounds).  So each probe is measured twice, attached before the empty program and
+after it, and the ratio is that of the two programs' means over both orders; each order's ratio
+is printed too.
 
 Usage: bench_probe_overhead.py [--quick] [--seconds S]   (needs root; exits 0 with a note if not)
 """
@@ -14,7 +21,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Final, TypeVar
 
 HERE = Path(__file__).resolve().parent
 
@@ -90,49 +99,106 @@ def self_migrations(seconds: float) -> int:
     return count
 
 
-def other_probes(seconds: float) -> None:
-    """tcpstate's inet_sock_set_state and migration's sched_migrate_task, each against an
-    empty program on the same tracepoint in the same mode, under a load that fires it."""
-    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
-    from tailsight.probes.migration import MigrationProbe
-    from tailsight.probes.tcpstate import TcpStateProbe
+def pipe_ping_pong(seconds: float) -> int:
+    """``start_load`` on the default CPU for ``seconds``."""
+    from tailsight.workload import default_cpu
 
-    cases = (
-        (TcpStateProbe, "inet_sock_set_state", loopback_connections),
-        (MigrationProbe, "sched_migrate_task", self_migrations),
+    pids = start_load(default_cpu())
+    try:
+        time.sleep(seconds)
+    finally:
+        stop_load(pids)
+    return 0
+
+
+PerEvent = dict[str, tuple[float, float, int]]
+"""Per tracepoint: (ours ns/event, empty ns/event, our events)."""
+
+
+def measure(
+    fds: Mapping[str, tuple[int, int]], load: Callable[[float], int], seconds: float
+) -> tuple[int, PerEvent]:
+    """Run the load; what it returns (e.g. its calls) and the cost per event of each tracepoint's
+    two programs, ``fds[tracepoint]`` = (ours, empty)."""
+    before = {tp: (prog_stats(ours), prog_stats(empty)) for tp, (ours, empty) in fds.items()}
+    calls = load(seconds)
+    result = {}
+    for tp, (ours, empty) in fds.items():
+        (ours_ns0, ours_n0), (empty_ns0, empty_n0) = before[tp]
+        ours_ns, ours_n = prog_stats(ours)
+        empty_ns, empty_n = prog_stats(empty)
+        result[tp] = (
+            (ours_ns - ours_ns0) / max(1, ours_n - ours_n0),
+            (empty_ns - empty_ns0) / max(1, empty_n - empty_n0),
+            ours_n - ours_n0,
+        )
+    return calls, result
+
+
+ORDERS: Final = ("ours first", "empty first")
+R = TypeVar("R")
+
+
+def in_both_orders(
+    make_probe: Callable[[], Any],
+    tracepoints: Sequence[str],
+    run: Callable[[Mapping[str, tuple[int, int]], Any], R],
+) -> tuple[str, list[R]]:
+    """``run(fds, probe)`` with the probe's programs attached before the empty ones on each
+    tracepoint, then after them (see the module docstring); the attach mode and both results,
+    in ``ORDERS``. The empty programs take the probe's mode (tp_btf where the kernel takes it)."""
+    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
+
+    empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
+    mode = ""
+    results = []
+    try:
+        for order in ORDERS:
+            probe, baseline = make_probe(), None
+            try:
+                if order == "empty first":
+                    baseline = attach_raw_tracepoints(empty, "empty", tracepoints, mode=mode)
+                probe.attach()
+                attached_mode = probe.attach_mode or "raw_tp"
+                if mode and attached_mode != mode:
+                    raise RuntimeError(f"{probe.name} attached as {attached_mode}, then {mode}")
+                mode = attached_mode
+                if baseline is None:
+                    baseline = attach_raw_tracepoints(empty, "empty", tracepoints, mode=mode)
+                ours = probe.program_fds()
+                fds = {tp: (ours[tp], baseline.prog_fds[tp]) for tp in tracepoints}
+                results.append(run(fds, probe))
+            finally:
+                if baseline is not None:
+                    baseline.close()
+                probe.close()
+    finally:
+        empty.cleanup()
+    return mode, results
+
+
+def both_orders_line(name: str, per_order: Sequence[tuple[float, float, int]]) -> str:
+    """``name``'s cost against the empty program over both attach orders, and each order's."""
+    ours = sum(o for o, _, _ in per_order) / len(per_order)
+    empty = sum(e for _, e, _ in per_order) / len(per_order)
+    orders = ", ".join(
+        f"{order} {o / e:.2f}x" for order, (o, e, _) in zip(ORDERS, per_order, strict=True)
     )
-    for make, tracepoint, load in cases:
-        empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
-        probe = make()
-        probe.attach()
-        mode = probe.attach_mode or "raw_tp"
-        baseline = attach_raw_tracepoints(empty, "empty", [tracepoint], mode=mode)
-        try:
-            fds = (probe.program_fds()[tracepoint], baseline.prog_fds[tracepoint])
-            before = [prog_stats(fd) for fd in fds]
-            load(seconds)
-            after = [prog_stats(fd) for fd in fds]
-        finally:
-            baseline.close()
-            probe.close()
-            empty.cleanup()
-        (ours_ns, ours_n), (empty_ns, empty_n) = (
-            (b[0] - a[0], b[1] - a[1]) for a, b in zip(before, after, strict=True)
-        )
-        if min(ours_n, empty_n) == 0:
-            print(f"{tracepoint}: no events seen")
-            continue
-        per_ours, per_empty = ours_ns / ours_n, empty_ns / empty_n
-        print(
-            f"{probe.name} {tracepoint} ({mode}): "
-            f"{per_ours:.1f} vs empty {per_empty:.1f} ns/event over {ours_n:,} events, "
-            f"ratio {per_ours / per_empty:.2f}x"
-        )
+    events = sum(n for _, _, n in per_order)
+    return (
+        f"{name}: {ours:.1f} vs empty {empty:.1f} ns/event over {events:,} events, ratio "
+        f"{ours / empty:.2f}x, added {ours - empty:.1f} ns ({orders})"
+    )
+
+
+def dropped(snapshot: Any) -> int:
+    """Events a probe lost (its ``*_dropped_events`` counters)."""
+    return sum(v for (name, _), v in snapshot.counters.items() if name.endswith("_dropped_events"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short run for CI (~5 s)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short run for CI (~30 s)")
     parser.add_argument("--seconds", type=float, default=None, help="load duration")
     args = parser.parse_args(argv)
     seconds = args.seconds or (2.0 if args.quick else 10.0)
@@ -141,53 +207,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from tailsight.probes.features import enable_bpf_stats
-    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
+    from tailsight.probes.migration import MigrationProbe
     from tailsight.probes.runqueue import RunQueueProbe
-    from tailsight.workload import default_cpu
+    from tailsight.probes.tcpstate import TcpStateProbe
 
-    empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
-    probe = RunQueueProbe()
+    cases = (
+        (RunQueueProbe, "sched_switch", pipe_ping_pong),
+        (TcpStateProbe, "inet_sock_set_state", loopback_connections),
+        (MigrationProbe, "sched_migrate_task", self_migrations),
+    )
     with enable_bpf_stats() as mechanism:
-        probe.attach()
-        mode = probe.attach_mode or "raw_tp"
-        baseline = attach_raw_tracepoints(empty, "empty", ["sched_switch"], mode=mode)
-        try:
-            ours_fd = probe.program_fds()["sched_switch"]
-            empty_fd = baseline.prog_fds["sched_switch"]
-            pids = start_load(default_cpu())
-            try:
-                time.sleep(0.2)  # let the ping-pong settle
-                ours_0, empty_0 = prog_stats(ours_fd), prog_stats(empty_fd)
-                time.sleep(seconds)
-                ours_1, empty_1 = prog_stats(ours_fd), prog_stats(empty_fd)
-            finally:
-                stop_load(pids)
-            snapshot = probe.read()
-        finally:
-            baseline.close()
-            probe.close()
-            empty.cleanup()
+        print(f"stats via {mechanism}; each load runs {seconds:.1f} s per attach order")
+        for make, tracepoint, load in cases:
 
-    ours_ns, ours_n = ours_1[0] - ours_0[0], ours_1[1] - ours_0[1]
-    empty_ns, empty_n = empty_1[0] - empty_0[0], empty_1[1] - empty_0[1]
-    if min(ours_n, empty_n) == 0:
-        print("bench_probe_overhead: no sched_switch events seen", file=sys.stderr)
-        return 1
-    per_ours, per_empty = ours_ns / ours_n, empty_ns / empty_n
-    print(
-        f"stats via {mechanism}; attach mode {mode}; load: pipe ping-pong on one CPU for "
-        f"{seconds:.1f} s"
-    )
-    print(f"sched_switch events: {ours_n:,} ({ours_n / seconds:,.0f}/s); empty saw {empty_n:,}")
-    print(f"runqueue sched_switch: {per_ours:8.1f} ns/event")
-    print(f"empty program        : {per_empty:8.1f} ns/event (same tracepoint, same run)")
-    print(f"ratio {per_ours / per_empty:.2f}x, added work {per_ours - per_empty:.1f} ns/event")
-    dropped = sum(
-        v for (name, _), v in snapshot.counters.items() if name.endswith("_dropped_events")
-    )
-    print(f"drops during the run: {dropped}")
-    with enable_bpf_stats():
-        other_probes(seconds)
+            def run(
+                fds: Mapping[str, tuple[int, int]],
+                probe: Any,
+                load: Callable[[float], int] = load,
+                tracepoint: str = tracepoint,
+            ) -> tuple[tuple[float, float, int], int]:
+                _, per_tp = measure(fds, load, seconds)
+                return per_tp[tracepoint], dropped(probe.read())
+
+            mode, results = in_both_orders(make, [tracepoint], run)
+            if min(n for (_, _, n), _ in results) == 0:
+                print(f"bench_probe_overhead: no {tracepoint} events seen", file=sys.stderr)
+                return 1
+            name = f"{make.name} {tracepoint} ({mode})"
+            print(both_orders_line(name, [per_event for per_event, _ in results]))
+            print(f"  drops during the runs: {sum(n for _, n in results)}")
     return 0
 
 
