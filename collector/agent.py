@@ -210,7 +210,8 @@ class Agent:
                 document.start_ns, self.resolver.resolve_many, keep, entry.named
             )
             document.series.extend(part.series)
-            document.counters.extend(part.counters)
+            for counters in part.counter_parts():  # pair blocks stay blocks
+                document.add_counters(counters)
             document.end_ns = max(document.end_ns, part.end_ns)
         if document.end_ns == document.start_ns:
             document.end_ns = max(time.time_ns(), document.start_ns)

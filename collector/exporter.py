@@ -26,7 +26,7 @@ from tailsight.hist import (
     SparseHistogram,
     bucket_upper_bounds_ns,
 )
-from tailsight.histfile import HistDocument, LabelKey, key_of, label_key
+from tailsight.histfile import Counter, CounterPairs, HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.base import HIST_ROW
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.loader import read_program_stats
@@ -391,11 +391,23 @@ class PrometheusExporter:
         began = time.perf_counter()
         raws = [key_of(s) for s in document.series]
         sparse = {raw: s.sparse for raw, s in zip(raws, document.series, strict=True)}
+        plain: list[Counter] = []
+        blocks: list[CounterPairs] = []  # victim x aggressor pairs: folded as arrays
+        for part in document.counter_parts():
+            if isinstance(part, CounterPairs):
+                blocks.append(part)
+                plain.extend(part.others)
+            else:
+                plain.extend(part)
         if self.pods is not None:  # outside the lock: this may ask the kubelet
-            labelled = [s.labels for s in document.series] + [c.labels for c in document.counters]
-            self.pods.observe({v for labels in labelled for v in _cgroups(labels)})
+            labelled = [s.labels for s in document.series] + [c.labels for c in plain]
+            cgroups = {v for labels in labelled for v in _cgroups(labels)}
+            for block in blocks:
+                named = np.unique(np.concatenate([block.victim, block.aggressor]))
+                cgroups.update(block.paths[i] for i in named.tolist())
+            self.pods.observe(cgroups)
         with self._lock:
-            self._rank(document, raws, sparse)
+            self._rank(document, raws, sparse, plain, blocks)
             slots = []
             for raw in raws:
                 fold = self._fold_of("", raw)
@@ -407,14 +419,10 @@ class PrometheusExporter:
                     )
                 slots.append(slot)
             _add_coarse(slots, [sparse[raw] for raw in raws])
-            for c in document.counters:
-                fold = self._fold_of(c.name, key_of(c))
-                total = fold.counter
-                if total is None:
-                    total = fold.counter = self._counters.setdefault(
-                        (fold.exported, fold.folded), _Total(fold.scale)
-                    )
-                total.total += c.value
+            for c in plain:
+                self._add_counter(c.name, key_of(c), c.value)
+            for block in blocks:
+                self._add_pairs(block)
             for window in self._windows.values():
                 window.add(document.end_ns, sparse)
             self._last, self._last_sparse = document, sparse
@@ -422,6 +430,42 @@ class PrometheusExporter:
             self._prune_folds()
             self.generation += 1
         self.last_update_s = time.perf_counter() - began
+
+    def _add_counter(self, name: str, raw: LabelKey, value: int) -> None:
+        """Add to the exported total of a raw counter (made at 0 the first time)."""
+        fold = self._fold_of(name, raw)
+        total = fold.counter
+        if total is None:
+            total = fold.counter = self._counters.setdefault(
+                (fold.exported, fold.folded), _Total(fold.scale)
+            )
+        total.total += value
+
+    def _add_pairs(self, block: CounterPairs) -> None:
+        """``_add_counter`` for each pair counter of a block, its cgroups folded first (top-K or
+        other), then summed per folded pair: one total per folded pair, not one per pair."""
+        kept = self._kept.get(block.probe, set())
+        folded = [
+            path if path in kept or path in FIXED_CGROUP_NAMES else OTHER_CGROUP
+            for path in block.paths
+        ]
+        names = tuple(dict.fromkeys(folded))
+        at = {name: n for n, name in enumerate(names)}
+        fold = np.array([at[name] for name in folded], dtype=np.intp)
+        pair = fold[block.victim] * len(names) + fold[block.aggressor]
+        for k, counter_name in enumerate(block.names):
+            rows = np.flatnonzero(block.moved[:, k])
+            groups, group_of = np.unique(pair[rows], return_inverse=True)
+            sums = np.zeros(len(groups), dtype=np.uint64)
+            np.add.at(sums, group_of, block.values[rows, k])
+            for group, value in zip(groups.tolist(), sums.tolist(), strict=True):
+                victim, aggressor = divmod(group, len(names))
+                raw = (
+                    ("aggressor", names[aggressor]),
+                    ("probe", block.probe),
+                    ("victim", names[victim]),
+                )
+                self._add_counter(counter_name, raw, value)
 
     def _fold_of(self, name: str, raw: LabelKey) -> _Fold:
         """How a raw series is exported: its name (a histogram's metric base when ``name`` is "",
@@ -470,6 +514,8 @@ class PrometheusExporter:
         document: HistDocument,
         raws: list[LabelKey],
         sparse: Mapping[LabelKey, SparseHistogram],
+        plain: list[Counter],
+        blocks: list[CounterPairs],
     ) -> None:
         """Re-pick each probe's top-K cgroups; those dropped lose their series."""
         counts: dict[tuple[str, str], int] = {}
@@ -480,13 +526,23 @@ class PrometheusExporter:
                 counts[key] = counts.get(key, 0) + sparse[raw].total
         # Probes without histograms (migration) rank by their event counters instead.
         with_histograms = {s.labels.get("probe", "") for s in document.series}
-        for c in document.counters:  # thousands on a busy host: the cheap tests first
+        for c in plain:  # the cheap tests first
             probe = c.labels.get("probe", "")
             if probe in with_histograms or c.name.endswith("_ns"):
                 continue
             subject = _subject(c.labels)
             if subject is not None:
                 counts[(probe, subject)] = counts.get((probe, subject), 0) + c.value
+        for block in blocks:  # a pair's subject is its victim
+            if block.probe in with_histograms:
+                continue
+            for k, name in enumerate(block.names):
+                if name.endswith("_ns"):
+                    continue
+                victims, _, values = block.moved_cells(k)
+                for victim, value in zip(victims, values, strict=True):
+                    key = (block.probe, block.paths[victim])
+                    counts[key] = counts.get(key, 0) + value
         for key, n in counts.items():
             self._rank_totals[key] = self._rank_totals.get(key, 0) + n
         expired, gone = self._rank_window.push(document.end_ns, counts)

@@ -17,7 +17,7 @@ import numpy as np
 from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
 from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import HistDocument
+from tailsight.histfile import CounterPairs, HistDocument
 
 if TYPE_CHECKING:
     from tailsight.collector.exporter import PrometheusExporter
@@ -105,10 +105,19 @@ class JumpVerdicts:
             row[sparse.index] += sparse.count
             row[NUM_BUCKETS] += sparse.overflow
         displaced: dict[tuple[str, str], float] = {}
-        for counter in document.counters:
-            if counter.name == DISPLACED_WAIT:
-                pair = (counter.labels.get("victim", ""), counter.labels.get("aggressor", ""))
-                displaced[pair] = displaced.get(pair, 0.0) + counter.value
+        for part in document.counter_parts():
+            if isinstance(part, CounterPairs):  # read as arrays: thousands on a busy host
+                if DISPLACED_WAIT in part.names:
+                    paths = part.paths
+                    victims, aggressors, values = part.moved_cells(part.names.index(DISPLACED_WAIT))
+                    for v, a, value in zip(victims, aggressors, values, strict=True):
+                        pair = (paths[v], paths[a])
+                        displaced[pair] = displaced.get(pair, 0.0) + value
+                part = part.others
+            for counter in part:
+                if counter.name == DISPLACED_WAIT:
+                    pair = (counter.labels.get("victim", ""), counter.labels.get("aggressor", ""))
+                    displaced[pair] = displaced.get(pair, 0.0) + counter.value
         self._displaced.append(displaced)
         while len(self._displaced) > 4 * self.config.reference_intervals:
             self._displaced.popleft()

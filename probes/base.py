@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.histfile import Counter, CounterPairs, HistDocument, Series
 
 K = TypeVar("K", bound=Hashable)
 G = TypeVar("G", bound=Hashable)
@@ -192,9 +192,10 @@ class Snapshot:
         # seen, at 0): a busy host holds thousands of victim x aggressor pairs, most of them
         # still. Host-wide ones (drops by reason, steal per CPU) are always there.
         now_counters, earlier_counters = self.counters, earlier.counters
-        counters = {}
+        counters: dict[tuple[str, Labels], int] = {}
+        pairs = None
         if isinstance(now_counters, PairCounters) and isinstance(earlier_counters, PairCounters):
-            counters = now_counters.pair_delta(earlier_counters)  # matrices, not a cell at a time
+            pairs = now_counters.pair_delta(earlier_counters)  # matrices, not a cell at a time
             now_counters, earlier_counters = now_counters.others, earlier_counters.others
         missing = -1
         # Whether a counter names a cgroup goes with its name (a probe's pair, event and drop
@@ -213,7 +214,8 @@ class Snapshot:
             if changed_value < 0:
                 raise ValueError(f"counter {counter_key} went backwards by {-changed_value}")
             counters[counter_key] = changed_value
-        return Snapshot(self.probe, self.taken_ns, DenseOnDemand(sparse), counters, sparse)
+        interval_counters = counters if pairs is None else IntervalCounters(counters, pairs)
+        return Snapshot(self.probe, self.taken_ns, DenseOnDemand(sparse), interval_counters, sparse)
 
     def __sub__(self, earlier: Snapshot) -> Snapshot:
         return self.delta(earlier)
@@ -257,9 +259,17 @@ class Snapshot:
         keys every interval, and naming them afresh was most of the collector's time.
         """
         memo = LabelMemo() if memo is None else memo
-        missing = memo.recall([*self.histograms, *(key for _, key in self.counters)])
+        counters: Mapping[tuple[str, Labels], int] = self.counters
+        pairs: PairCells | None = None
+        if isinstance(counters, IntervalCounters):  # the pairs are named as arrays
+            pairs = counters.pairs
+            counters = counters.others
+        missing = memo.recall([*self.histograms, *(key for _, key in counters)])
         known_keys = memo.current
         ids = _cgroup_ids(missing)
+        if pairs is not None:
+            ids.update(pairs.ids)
+            ids.discard(0)
         names = dict(name_cgroups(sorted(ids))) if ids else {}
         uncached: dict[Labels, Named] = {}  # keys naming an id not found now: found later?
         for key in missing:
@@ -309,7 +319,7 @@ class Snapshot:
             series.append(Series(named, hist, slot))
         # By name and labels' text joined by NUL: sorted as the tuples would be (see above).
         totals: dict[str, tuple[str, dict[str, str], int, tuple[tuple[str, str], ...]]] = {}
-        for (counter_name, key), value in self.counters.items():
+        for (counter_name, key), value in counters.items():
             resolved = resolve(key)
             if resolved is None:
                 continue
@@ -319,15 +329,40 @@ class Snapshot:
             if previous_total is not None:  # ids merged into one path
                 value += previous_total[2]
             totals[text_key] = (counter_name, named, value, slot)
-        return HistDocument(
-            start_ns=start_ns,
-            end_ns=self.taken_ns,
-            series=series,
-            counters=[Counter(*totals[text_key]) for text_key in sorted(totals)],
-        )
+        named_counters = [Counter(*totals[text_key]) for text_key in sorted(totals)]
+        document = HistDocument(start_ns=start_ns, end_ns=self.taken_ns, series=series)
+        if pairs is None:
+            document.add_counters(named_counters)
+        else:
+            document.add_counters(pairs.named(self.probe, names, keep, named_counters))
+        return document
 
 
-class PairCounters(Mapping[tuple[str, Labels], int]):
+class CountersBuiltOnLookup(Mapping[tuple[str, Labels], int]):
+    """Counters held in another form (``_build`` makes the mapping), made a dict at the first
+    lookup: most intervals are read whole, by their arrays."""
+
+    _all: dict[tuple[str, Labels], int] | None = None
+
+    def _build(self) -> dict[tuple[str, Labels], int]:
+        raise NotImplementedError
+
+    def _mapping(self) -> dict[tuple[str, Labels], int]:
+        if self._all is None:
+            self._all = self._build()
+        return self._all
+
+    def __getitem__(self, key: tuple[str, Labels]) -> int:
+        return self._mapping()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, Labels]]:
+        return iter(self._mapping())
+
+    def __len__(self) -> int:
+        return len(self._mapping())
+
+
+class PairCounters(CountersBuiltOnLookup):
     """A probe's cumulative counters, those of victim x aggressor cgroup pairs held as the
     kernel's matrix: ``matrix[victim, aggressor, k]`` is counter ``names[k]`` of the pair
     (``ids[victim]``, ``ids[aggressor]``), a pair being there while its counter ``present`` is
@@ -348,45 +383,18 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
             raise ValueError(f"pair matrix of shape {matrix.shape} for {len(ids)} ids x {names}")
         self.others, self.names, self.ids = others, names, ids
         self.matrix, self.present = matrix, present
-        self._all: dict[tuple[str, Labels], int] | None = None
-
-    def _cells(
-        self, where: npt.NDArray[np.bool_], k: int, minus: npt.NDArray[np.uint64] | None = None
-    ) -> dict[tuple[str, Labels], int]:
-        """Counter k of the pairs in ``where`` (less ``minus``), keyed as in the mapping."""
-        victims, aggressors = np.nonzero(where)
-        values = self.matrix[victims, aggressors, k]
-        if minus is not None:
-            values = values - minus[victims, aggressors, k]
-        name, ids = self.names[k], self.ids
-        return {
-            (name, (("aggressor", ids[a]), ("victim", ids[v]))): value
-            for v, a, value in zip(
-                victims.tolist(), aggressors.tolist(), values.tolist(), strict=True
-            )
-        }
 
     def _there(self) -> npt.NDArray[np.bool_]:
         """victim x aggressor: whether the pair is there (its counter ``present`` is not 0)."""
         there: npt.NDArray[np.bool_] = self.matrix[:, :, self.present] != 0
         return there
 
-    def _mapping(self) -> dict[tuple[str, Labels], int]:
-        if self._all is None:
-            there = self._there()
-            self._all = dict(self.others)
-            for k in range(len(self.names)):
-                self._all.update(self._cells(there, k))
-        return self._all
-
-    def __getitem__(self, key: tuple[str, Labels]) -> int:
-        return self._mapping()[key]
-
-    def __iter__(self) -> Iterator[tuple[str, Labels]]:
-        return iter(self._mapping())
-
-    def __len__(self) -> int:
-        return len(self._mapping())
+    def _build(self) -> dict[tuple[str, Labels], int]:
+        victim, aggressor = np.nonzero(self._there())
+        every = np.ones((len(victim), len(self.names)), dtype=bool)
+        values = self.matrix[victim, aggressor]
+        cells = PairCells(self.names, self.ids, victim, aggressor, values, every)
+        return {**self.others, **cells.counters()}
 
     def cgroup_ids(self) -> set[int]:
         """The ids of the pairs there (0 excluded), as ``_cgroup_ids`` finds them in the keys."""
@@ -394,9 +402,9 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
         named = there.any(axis=0) | there.any(axis=1)
         return {self.ids[i] for i in np.nonzero(named)[0].tolist()} - {0}
 
-    def pair_delta(self, earlier: PairCounters) -> dict[tuple[str, Labels], int]:
-        """The pair counters that moved since ``earlier``, or that are new (at their value), as
-        ``Snapshot.delta`` keeps them; ValueError if one went backwards."""
+    def pair_delta(self, earlier: PairCounters) -> PairCells:
+        """The pairs whose counters moved since ``earlier``, or that are new (at their value), as
+        ``Snapshot.delta`` keeps counters; ValueError if one went backwards."""
         if earlier.names != self.names or earlier.present != self.present:
             raise ValueError(f"cannot subtract pair counters {earlier.names} from {self.names}")
         if earlier.ids == self.ids:
@@ -409,18 +417,88 @@ class PairCounters(Mapping[tuple[str, Labels], int]):
         existed = before[:, :, self.present] != 0
         before = np.where(existed[:, :, None], before, np.uint64(0))
         present = self._there()
-        new = present & ~existed
         backwards = present[:, :, None] & (self.matrix < before)
         if backwards.any():
             v, a, k = (int(i[0]) for i in np.nonzero(backwards))
             key = labels(aggressor=self.ids[a], victim=self.ids[v])
             by = int(before[v, a, k]) - int(self.matrix[v, a, k])
             raise ValueError(f"counter {(self.names[k], key)} went backwards by {by}")
-        moved: dict[tuple[str, Labels], int] = {}
-        for k in range(len(self.names)):
-            changed = self.matrix[:, :, k] != before[:, :, k]
-            moved.update(self._cells(present & (new | changed), k, before))
-        return moved
+        moved = (self.matrix != before) | (present & ~existed)[:, :, None]
+        moved &= present[:, :, None]
+        victim, aggressor = np.nonzero(moved.any(axis=2))
+        values = self.matrix[victim, aggressor] - before[victim, aggressor]
+        return PairCells(self.names, self.ids, victim, aggressor, values, moved[victim, aggressor])
+
+
+@dataclass(frozen=True, eq=False)
+class PairCells:
+    """Victim x aggressor counters as arrays, an interval's (``PairCounters.pair_delta``) or
+    those there: counter ``names[k]`` of the pair (``ids[victim[i]]``, ``ids[aggressor[i]]``)
+    is ``values[i, k]`` where ``moved[i, k]`` (left out elsewhere: an interval's still ones)."""
+
+    names: tuple[str, ...]
+    ids: tuple[int, ...]
+    victim: npt.NDArray[np.intp]
+    aggressor: npt.NDArray[np.intp]
+    values: npt.NDArray[np.uint64]
+    moved: npt.NDArray[np.bool_]
+
+    def counters(self) -> dict[tuple[str, Labels], int]:
+        """The counters where ``moved``, keyed as ``Snapshot.counters`` keys them."""
+        ids = self.ids
+        out: dict[tuple[str, Labels], int] = {}
+        for k, name in enumerate(self.names):
+            rows = np.flatnonzero(self.moved[:, k])
+            for v, a, value in zip(
+                self.victim[rows].tolist(),
+                self.aggressor[rows].tolist(),
+                self.values[rows, k].tolist(),
+                strict=True,
+            ):
+                out[(name, (("aggressor", ids[a]), ("victim", ids[v])))] = value
+        return out
+
+    def named(
+        self,
+        probe: str,
+        names: Mapping[int, str],
+        keep: Callable[[str], bool] | None,
+        others: list[Counter],
+    ) -> CounterPairs:
+        """These pairs with their cgroups named (ids missing from ``names``: idle for 0, else
+        unknown), those whose victim ``keep`` refuses left out, ids of one path merged."""
+        id_paths = [
+            names.get(i, IDLE_CGROUP_NAME if i == 0 else UNKNOWN_CGROUP_NAME) for i in self.ids
+        ]
+        paths = tuple(dict.fromkeys(id_paths))
+        index = {path: n for n, path in enumerate(paths)}
+        path_of = np.array([index[path] for path in id_paths], dtype=np.intp)
+        victim, aggressor = path_of[self.victim], path_of[self.aggressor]
+        values, moved = self.values, self.moved
+        if keep is not None:
+            kept = np.array([keep(path) for path in paths], dtype=bool)[victim]
+            victim, aggressor, values, moved = (x[kept] for x in (victim, aggressor, values, moved))
+        if len(paths) < len(id_paths):  # a recreated cgroup: its pairs are summed per path
+            codes = victim * len(paths) + aggressor
+            pair, first = np.unique(codes, return_index=True)
+            group = np.searchsorted(pair, codes)
+            summed = np.zeros((len(pair), len(self.names)), dtype=np.uint64)
+            np.add.at(summed, group, values)
+            any_moved = np.zeros((len(pair), len(self.names)), dtype=bool)
+            np.logical_or.at(any_moved, group, moved)
+            victim, aggressor, values, moved = victim[first], aggressor[first], summed, any_moved
+        return CounterPairs(probe, self.names, paths, victim, aggressor, values, moved, others)
+
+
+class IntervalCounters(CountersBuiltOnLookup):
+    """An interval's counters (``Snapshot.delta``): ``others`` and the victim x aggressor
+    ``pairs`` as arrays, named as arrays by ``to_document``."""
+
+    def __init__(self, others: dict[tuple[str, Labels], int], pairs: PairCells) -> None:
+        self.others, self.pairs = others, pairs
+
+    def _build(self) -> dict[tuple[str, Labels], int]:
+        return {**self.pairs.counters(), **self.others}
 
 
 class HistogramRows(Mapping[K, Histogram], Generic[K]):

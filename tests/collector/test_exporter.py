@@ -27,6 +27,7 @@ from tailsight.collector.exporter import (
     _Window,
     counter_metric,
     metric_base,
+    render_text,
     window_label,
 )
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram, SparseHistogram, bucket_upper_bounds_ns
@@ -642,3 +643,78 @@ def test_window_rows_hold_the_sums_of_the_parts_in_its_span(intervals: list) -> 
         others[list(window.row_of.values())] = False
         assert not window.rows[others].any()
         assert len(window.rows) <= max(64, 4 * len(window.row_of))
+
+
+@pytest.mark.parametrize("with_histograms", [False, True])
+def test_pairs_folded_as_arrays_export_what_the_counters_one_by_one_do(
+    with_histograms: bool,
+) -> None:
+    """Interval documents whose victim x aggressor pairs stay arrays (``CounterPairs``, as
+    ``Snapshot.to_document`` hands them on) and the same documents made into counters first:
+    the runqueue families exported, the top-K and the live verdicts' displaced waits agree,
+    interval by interval, while the top-K changes (two places, cgroups that take turns), ids
+    come and go, two ids share a path and one has none. Without histograms the top-K ranks by
+    the pairs' switches; with them, by the histograms."""
+    from tailsight.collector.verdicts import JumpVerdicts
+    from tailsight.probes.base import PairCounters, Snapshot, labels
+
+    names = ("runqueue_displaced_wait_ns", "runqueue_displaced_switches")
+    paths = {10: "/a", 11: "/b", 12: "/c", 13: "/d", 14: "/e", 15: "/e"}  # 16: unknown
+
+    def name(wanted: object) -> dict[int, str]:
+        return {i: paths[i] for i in wanted if i in paths}  # type: ignore[attr-defined]
+
+    rng = np.random.default_rng(7)
+    cumulative: dict[tuple[int, int], np.ndarray] = {}
+    config = CollectorConfig(top_k=2, quantile_windows_s=(5.0,))  # ranks over 5 s
+    exporters = [PrometheusExporter(config) for _ in range(2)]
+    verdicts = [JumpVerdicts() for _ in range(2)]
+    previous: Snapshot | None = None
+    top_ks = set()
+    for t in range(40):
+        ids = [0, *sorted(rng.choice([10, 11, 12, 13, 14, 15, 16], size=5, replace=False))]
+        busy = 10 + (t // 8) % 7  # the cgroup that waits and displaces most, in turn
+        matrix = np.zeros((len(ids), len(ids), 2), dtype=np.uint64)
+        for v, victim in enumerate(ids):
+            for a, aggressor in enumerate(ids):
+                cell = cumulative.setdefault((victim, aggressor), np.zeros(2, dtype=np.uint64))
+                if rng.random() < 0.7:
+                    switches = int(rng.integers(0, 3)) * (50 if busy in (victim, aggressor) else 1)
+                    cell += np.array([switches * int(rng.integers(0, 5000)), switches], np.uint64)
+                matrix[v, a] = cell
+        others = {("runqueue_dropped_events", labels(reason="hist_full")): t}
+        pairs = PairCounters(others, names, tuple(ids), matrix, present=1)
+        now = Snapshot("runqueue", T0_NS + t * SECOND_NS, {}, pairs)
+        if previous is not None:
+            interval = now - previous
+            as_arrays = interval.to_document(previous.taken_ns, name)
+            as_counters = interval.to_document(previous.taken_ns, name)
+            as_counters.counters = list(as_counters.counters)
+            if with_histograms:
+                for path in sorted(set(paths.values())):
+                    heavy = paths.get(busy) == path
+                    samples = rng.integers(0, 10**6, 200 if heavy else 5)
+                    series = Series(
+                        {"probe": "runqueue", "cgroup": path}, Histogram.from_samples(samples)
+                    )
+                    as_arrays.series.append(series)
+                    as_counters.series.append(series)
+            assert not isinstance(as_arrays.counter_parts()[0], list)
+            for fed, exporter, verdict in zip(
+                (as_arrays, as_counters), exporters, verdicts, strict=True
+            ):
+                verdict.update(fed)
+                exporter.update(fed)
+            assert not isinstance(as_arrays.counter_parts()[0], list)  # nobody made counters
+            texts = [
+                render_text(f for f in e.families() if f.name.startswith("tailsight_runqueue"))
+                for e in exporters
+            ]
+            assert texts[0] == texts[1], t
+            assert b'aggressor="other"' in texts[0]
+            kept = exporters[0].kept_cgroups("runqueue")
+            assert kept == exporters[1].kept_cgroups("runqueue")
+            top_ks.add(frozenset(kept))
+            assert list(verdicts[0]._displaced) == list(verdicts[1]._displaced)
+        previous = now
+    assert len(top_ks) >= 3  # the top-K changed: series folded into "other" and back out

@@ -179,6 +179,31 @@ def test_pair_matrix_delta_matches_the_counter_by_counter_one(
     assert later.without(set()) is later
 
 
+@given(
+    _pair_snapshots(),
+    st.dictionaries(st.sampled_from([10, 11, 12, 13, 14]), st.sampled_from(["/a", "/b", "/c"])),
+    st.sampled_from([None, "/b"]),
+)
+def test_pairs_named_as_arrays_give_the_counters_named_one_by_one(
+    readings: tuple[Snapshot, Snapshot], paths: dict[int, str], refused: str | None
+) -> None:
+    """An interval's pairs stay arrays through ``to_document`` (``CounterPairs``); made into
+    counters they are those of the same interval named counter by counter, in the same order:
+    ids of one path merged, idle and unknown named, pairs of a refused victim left out."""
+    earlier, later = readings
+    plain_earlier, plain_later = (
+        Snapshot(s.probe, s.taken_ns, {}, dict(s.counters.items())) for s in readings
+    )
+    keep = None if refused is None else (lambda path: path != refused)
+    blocks = (later - earlier).to_document(0, _names(paths), keep)
+    one_by_one = (plain_later - plain_earlier).to_document(0, _names(paths), keep)
+    parts = blocks.counter_parts()
+    assert len(parts) == 1 and not isinstance(parts[0], list)  # held as arrays until asked
+    assert blocks.counters == one_by_one.counters
+    assert [c.key for c in blocks.counters] == [c.key for c in one_by_one.counters]
+    assert blocks == one_by_one
+
+
 def test_a_pair_going_backwards_is_named() -> None:
     before = np.array([[[5, 1]]], dtype=np.uint64)
     after = np.array([[[4, 1]]], dtype=np.uint64)
