@@ -40,14 +40,14 @@ HIST_ROW: Final = NUM_BUCKETS + 1
 """Cells of a histogram row in a probe's array (finite buckets, then overflow; hist.bpf.h)."""
 MEMO_GENERATION_INTERVALS: Final = 60
 MEMO_GENERATION_KEYS: Final = 65_536
-"""A generation also ends at this many keys (cgroup churn): every pair of 256 slots."""
+"""A generation also ends at this many keys (cgroup churn)."""
 
 
 class LabelMemo:
     """How ``Snapshot.to_document`` named each raw key, kept from one interval to the next: the
     keys named in this generation (MEMO_GENERATION_INTERVALS intervals or MEMO_GENERATION_KEYS
-    keys) or the one before. A busy host names thousands of victim x aggressor pairs, many not
-    every interval; the keys of cgroups long gone age out."""
+    keys) or the one before. A busy host names hundreds of keys, many not every interval; the
+    keys of cgroups long gone age out."""
 
     def __init__(self) -> None:
         self.current: dict[Labels, Named] = {}
@@ -255,8 +255,9 @@ class Snapshot:
         Ids that resolve to the same path (a recreated cgroup) are merged. ``keep(path)`` filters
         on the ``cgroup`` / ``victim`` label (``--cgroup``); counters without one are kept.
         ``memo``, kept by the caller from one interval to the next with the same ``keep``,
-        remembers how each key was named: a busy host repeats thousands of victim x aggressor
-        keys every interval, and naming them afresh was most of the collector's time.
+        remembers how each key was named: a busy host repeats hundreds of series and counter
+        keys every interval. Victim x aggressor pairs (``IntervalCounters``) are named as
+        arrays instead, their ids once each, and handed on as ``CounterPairs``.
         """
         memo = LabelMemo() if memo is None else memo
         counters: Mapping[tuple[str, Labels], int] = self.counters
