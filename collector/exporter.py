@@ -403,8 +403,9 @@ class PrometheusExporter:
             labelled = [s.labels for s in document.series] + [c.labels for c in plain]
             cgroups = {v for labels in labelled for v in _cgroups(labels)}
             for block in blocks:
-                named = np.unique(np.concatenate([block.victim, block.aggressor]))
-                cgroups.update(block.paths[i] for i in named.tolist())
+                pairs = block.pairs
+                named = np.unique(np.concatenate([pairs.victim, pairs.aggressor]))
+                cgroups.update(pairs.cgroups[i] for i in named.tolist())
             self.pods.observe(cgroups)
         with self._lock:
             self._rank(document, raws, sparse, plain, blocks)
@@ -444,20 +445,20 @@ class PrometheusExporter:
     def _add_pairs(self, block: CounterPairs) -> None:
         """``_add_counter`` for each pair counter of a block, its cgroups folded first (top-K or
         other), then summed per folded pair: one total per folded pair, not one per pair."""
-        kept = self._kept.get(block.probe, set())
+        kept, pairs = self._kept.get(block.probe, set()), block.pairs
         folded = [
             path if path in kept or path in FIXED_CGROUP_NAMES else OTHER_CGROUP
-            for path in block.paths
+            for path in pairs.cgroups
         ]
         names = tuple(dict.fromkeys(folded))
         at = {name: n for n, name in enumerate(names)}
         fold = np.array([at[name] for name in folded], dtype=np.intp)
-        pair = fold[block.victim] * len(names) + fold[block.aggressor]
-        for k, counter_name in enumerate(block.names):
-            rows = np.flatnonzero(block.moved[:, k])
+        pair = fold[pairs.victim] * len(names) + fold[pairs.aggressor]
+        for k, counter_name in enumerate(pairs.names):
+            rows = np.flatnonzero(pairs.moved[:, k])
             groups, group_of = np.unique(pair[rows], return_inverse=True)
             sums = np.zeros(len(groups), dtype=np.uint64)
-            np.add.at(sums, group_of, block.values[rows, k])
+            np.add.at(sums, group_of, pairs.values[rows, k])
             for group, value in zip(groups.tolist(), sums.tolist(), strict=True):
                 victim, aggressor = divmod(group, len(names))
                 raw = (
@@ -536,12 +537,12 @@ class PrometheusExporter:
         for block in blocks:  # a pair's subject is its victim
             if block.probe in with_histograms:
                 continue
-            for k, name in enumerate(block.names):
+            for k, name in enumerate(block.pairs.names):
                 if name.endswith("_ns"):
                     continue
-                victims, _, values = block.moved_cells(k)
+                victims, _, values = block.pairs.moved_cells(k)
                 for victim, value in zip(victims, values, strict=True):
-                    key = (block.probe, block.paths[victim])
+                    key = (block.probe, victim)
                     counts[key] = counts.get(key, 0) + value
         for key, n in counts.items():
             self._rank_totals[key] = self._rank_totals.get(key, 0) + n

@@ -107,11 +107,11 @@ class JumpVerdicts:
         displaced: dict[tuple[str, str], float] = {}
         for part in document.counter_parts():
             if isinstance(part, CounterPairs):  # read as arrays: thousands on a busy host
-                if DISPLACED_WAIT in part.names:
-                    paths = part.paths
-                    victims, aggressors, values = part.moved_cells(part.names.index(DISPLACED_WAIT))
-                    for v, a, value in zip(victims, aggressors, values, strict=True):
-                        pair = (paths[v], paths[a])
+                pairs = part.pairs
+                if DISPLACED_WAIT in pairs.names:
+                    cells = pairs.moved_cells(pairs.names.index(DISPLACED_WAIT))
+                    for victim, aggressor, value in zip(*cells, strict=True):
+                        pair = (victim, aggressor)
                         displaced[pair] = displaced.get(pair, 0.0) + value
                 part = part.others
             for counter in part:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
-from tailsight.histfile import Counter, CounterPairs, HistDocument, Series
+from tailsight.histfile import Counter, CounterPairs, HistDocument, PairCells, Series
 
 K = TypeVar("K", bound=Hashable)
 G = TypeVar("G", bound=Hashable)
@@ -261,7 +261,7 @@ class Snapshot:
         """
         memo = LabelMemo() if memo is None else memo
         counters: Mapping[tuple[str, Labels], int] = self.counters
-        pairs: PairCells | None = None
+        pairs: PairCells[int] | None = None
         if isinstance(counters, IntervalCounters):  # the pairs are named as arrays
             pairs = counters.pairs
             counters = counters.others
@@ -269,7 +269,7 @@ class Snapshot:
         known_keys = memo.current
         ids = _cgroup_ids(missing)
         if pairs is not None:
-            ids.update(pairs.ids)
+            ids.update(pairs.cgroups)
             ids.discard(0)
         names = dict(name_cgroups(sorted(ids))) if ids else {}
         uncached: dict[Labels, Named] = {}  # keys naming an id not found now: found later?
@@ -335,7 +335,7 @@ class Snapshot:
         if pairs is None:
             document.add_counters(named_counters)
         else:
-            document.add_counters(pairs.named(self.probe, names, keep, named_counters))
+            document.add_counters(named_pairs(pairs, self.probe, names, keep, named_counters))
         return document
 
 
@@ -395,7 +395,7 @@ class PairCounters(CountersBuiltOnLookup):
         every = np.ones((len(victim), len(self.names)), dtype=bool)
         values = self.matrix[victim, aggressor]
         cells = PairCells(self.names, self.ids, victim, aggressor, values, every)
-        return {**self.others, **cells.counters()}
+        return {**self.others, **pair_counters(cells)}
 
     def cgroup_ids(self) -> set[int]:
         """The ids of the pairs there (0 excluded), as ``_cgroup_ids`` finds them in the keys."""
@@ -403,7 +403,7 @@ class PairCounters(CountersBuiltOnLookup):
         named = there.any(axis=0) | there.any(axis=1)
         return {self.ids[i] for i in np.nonzero(named)[0].tolist()} - {0}
 
-    def pair_delta(self, earlier: PairCounters) -> PairCells:
+    def pair_delta(self, earlier: PairCounters) -> PairCells[int]:
         """The pairs whose counters moved since ``earlier``, or that are new (at their value), as
         ``Snapshot.delta`` keeps counters; ValueError if one went backwards."""
         if earlier.names != self.names or earlier.present != self.present:
@@ -431,75 +431,58 @@ class PairCounters(CountersBuiltOnLookup):
         return PairCells(self.names, self.ids, victim, aggressor, values, moved[victim, aggressor])
 
 
-@dataclass(frozen=True, eq=False)
-class PairCells:
-    """Victim x aggressor counters as arrays, an interval's (``PairCounters.pair_delta``) or
-    those there: counter ``names[k]`` of the pair (``ids[victim[i]]``, ``ids[aggressor[i]]``)
-    is ``values[i, k]`` where ``moved[i, k]`` (left out elsewhere: an interval's still ones)."""
+def pair_counters(cells: PairCells[int]) -> dict[tuple[str, Labels], int]:
+    """The counters where ``moved``, keyed as ``Snapshot.counters`` keys them."""
+    out: dict[tuple[str, Labels], int] = {}
+    for k, name in enumerate(cells.names):
+        for victim, aggressor, value in zip(*cells.moved_cells(k), strict=True):
+            out[(name, (("aggressor", aggressor), ("victim", victim)))] = value
+    return out
 
-    names: tuple[str, ...]
-    ids: tuple[int, ...]
-    victim: npt.NDArray[np.intp]
-    aggressor: npt.NDArray[np.intp]
-    values: npt.NDArray[np.uint64]
-    moved: npt.NDArray[np.bool_]
 
-    def counters(self) -> dict[tuple[str, Labels], int]:
-        """The counters where ``moved``, keyed as ``Snapshot.counters`` keys them."""
-        ids = self.ids
-        out: dict[tuple[str, Labels], int] = {}
-        for k, name in enumerate(self.names):
-            rows = np.flatnonzero(self.moved[:, k])
-            for v, a, value in zip(
-                self.victim[rows].tolist(),
-                self.aggressor[rows].tolist(),
-                self.values[rows, k].tolist(),
-                strict=True,
-            ):
-                out[(name, (("aggressor", ids[a]), ("victim", ids[v])))] = value
-        return out
-
-    def named(
-        self,
-        probe: str,
-        names: Mapping[int, str],
-        keep: Callable[[str], bool] | None,
-        others: list[Counter],
-    ) -> CounterPairs:
-        """These pairs with their cgroups named (ids missing from ``names``: idle for 0, else
-        unknown), those whose victim ``keep`` refuses left out, ids of one path merged."""
-        id_paths = [
-            names.get(i, IDLE_CGROUP_NAME if i == 0 else UNKNOWN_CGROUP_NAME) for i in self.ids
-        ]
-        paths = tuple(dict.fromkeys(id_paths))
-        index = {path: n for n, path in enumerate(paths)}
-        path_of = np.array([index[path] for path in id_paths], dtype=np.intp)
-        victim, aggressor = path_of[self.victim], path_of[self.aggressor]
-        values, moved = self.values, self.moved
-        if keep is not None:
-            kept = np.array([keep(path) for path in paths], dtype=bool)[victim]
-            victim, aggressor, values, moved = (x[kept] for x in (victim, aggressor, values, moved))
-        if len(paths) < len(id_paths):  # a recreated cgroup: its pairs are summed per path
-            codes = victim * len(paths) + aggressor
-            pair, first = np.unique(codes, return_index=True)
-            group = np.searchsorted(pair, codes)
-            summed = np.zeros((len(pair), len(self.names)), dtype=np.uint64)
-            np.add.at(summed, group, values)
-            any_moved = np.zeros((len(pair), len(self.names)), dtype=bool)
-            np.logical_or.at(any_moved, group, moved)
-            victim, aggressor, values, moved = victim[first], aggressor[first], summed, any_moved
-        return CounterPairs(probe, self.names, paths, victim, aggressor, values, moved, others)
+def named_pairs(
+    cells: PairCells[int],
+    probe: str,
+    names: Mapping[int, str],
+    keep: Callable[[str], bool] | None,
+    others: list[Counter],
+) -> CounterPairs:
+    """These pairs with their cgroups named (ids missing from ``names``: idle for 0, else
+    unknown), those whose victim ``keep`` refuses left out, ids of one path merged."""
+    id_paths = [
+        names.get(i, IDLE_CGROUP_NAME if i == 0 else UNKNOWN_CGROUP_NAME) for i in cells.cgroups
+    ]
+    paths = tuple(dict.fromkeys(id_paths))
+    index = {path: n for n, path in enumerate(paths)}
+    path_of = np.array([index[path] for path in id_paths], dtype=np.intp)
+    victim, aggressor = path_of[cells.victim], path_of[cells.aggressor]
+    values, moved = cells.values, cells.moved
+    if keep is not None:
+        kept = np.array([keep(path) for path in paths], dtype=bool)[victim]
+        victim, aggressor, values, moved = (x[kept] for x in (victim, aggressor, values, moved))
+    if len(paths) < len(id_paths):  # a recreated cgroup: its pairs are summed per path
+        codes = victim * len(paths) + aggressor
+        pair, first = np.unique(codes, return_index=True)
+        group = np.searchsorted(pair, codes)
+        summed = np.zeros((len(pair), len(cells.names)), dtype=np.uint64)
+        np.add.at(summed, group, values)
+        any_moved = np.zeros((len(pair), len(cells.names)), dtype=bool)
+        np.logical_or.at(any_moved, group, moved)
+        victim, aggressor, values, moved = victim[first], aggressor[first], summed, any_moved
+    return CounterPairs(
+        probe, PairCells(cells.names, paths, victim, aggressor, values, moved), others
+    )
 
 
 class IntervalCounters(CountersBuiltOnLookup):
     """An interval's counters (``Snapshot.delta``): ``others`` and the victim x aggressor
     ``pairs`` as arrays, named as arrays by ``to_document``."""
 
-    def __init__(self, others: dict[tuple[str, Labels], int], pairs: PairCells) -> None:
+    def __init__(self, others: dict[tuple[str, Labels], int], pairs: PairCells[int]) -> None:
         self.others, self.pairs = others, pairs
 
     def _build(self) -> dict[tuple[str, Labels], int]:
-        return {**self.pairs.counters(), **self.others}
+        return {**pair_counters(self.pairs), **self.others}
 
 
 class HistogramRows(Mapping[K, Histogram], Generic[K]):

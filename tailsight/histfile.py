@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,7 @@ _COUNTER_FIELDS: Final = ("labels", "name", "value")
 
 
 LabelKey = tuple[tuple[str, str], ...]
+C = TypeVar("C", int, str)
 
 
 def label_key(labels: Mapping[str, str]) -> LabelKey:
@@ -108,39 +109,48 @@ class Counter:
 
 
 @dataclass(frozen=True, eq=False)
-class CounterPairs:
-    """One probe's counters of an interval with its victim x aggressor pairs held as arrays (a
-    busy host moves thousands of pairs per interval; the exporter folds them to its top-K, the
-    live verdicts sum them): counter ``names[k]`` of pair i, labelled ``probe``,
-    ``victim=paths[victim[i]]`` and ``aggressor=paths[aggressor[i]]``, moved by ``values[i, k]``
-    where ``moved[i, k]`` (0 elsewhere); ``others`` are the probe's other counters."""
+class PairCells(Generic[C]):
+    """Victim x aggressor counters as arrays: counter ``names[k]`` of the pair
+    (``cgroups[victim[i]]``, ``cgroups[aggressor[i]]``) is ``values[i, k]`` where ``moved[i, k]``
+    (an interval's hold the pairs whose counters moved, and leave out the still ones; 0 there).
+    ``cgroups`` are ids as read (``PairCounters.pair_delta``) or paths once named."""
 
-    probe: str
     names: tuple[str, ...]
-    paths: tuple[str, ...]
+    cgroups: tuple[C, ...]
     victim: npt.NDArray[np.intp]
     aggressor: npt.NDArray[np.intp]
     values: npt.NDArray[np.uint64]
     moved: npt.NDArray[np.bool_]
-    others: list[Counter]
 
-    def moved_cells(self, k: int) -> tuple[list[int], list[int], list[int]]:
+    def moved_cells(self, k: int) -> tuple[list[C], list[C], list[int]]:
         """(victim, aggressor, value) of the pairs whose counter ``names[k]`` moved."""
         rows = np.flatnonzero(self.moved[:, k])
+        cgroups = self.cgroups
         return (
-            self.victim[rows].tolist(),
-            self.aggressor[rows].tolist(),
+            [cgroups[v] for v in self.victim[rows].tolist()],
+            [cgroups[a] for a in self.aggressor[rows].tolist()],
             self.values[rows, k].tolist(),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class CounterPairs:
+    """One probe's counters of an interval with its victim x aggressor ``pairs`` held as arrays
+    (a busy host moves thousands of pairs per interval; the exporter folds them to its top-K,
+    the live verdicts sum them), labelled ``probe``, ``victim`` and ``aggressor``; ``others``
+    are the probe's other counters."""
+
+    probe: str
+    pairs: PairCells[str]
+    others: list[Counter]
 
     def counters(self) -> list[Counter]:
         """Every counter as a ``Counter``, sorted as ``Snapshot.to_document`` sorts a probe's:
         by name, then the labels' names and values joined by NUL."""
         made = list(self.others)
-        paths, probe = self.paths, self.probe
-        for k, name in enumerate(self.names):
-            for v, a, value in zip(*self.moved_cells(k), strict=True):
-                key = (("aggressor", paths[a]), ("probe", probe), ("victim", paths[v]))
+        for k, name in enumerate(self.pairs.names):
+            for victim, aggressor, value in zip(*self.pairs.moved_cells(k), strict=True):
+                key = (("aggressor", aggressor), ("probe", self.probe), ("victim", victim))
                 made.append(Counter(name, dict(key), value, key))
         made.sort(key=counter_sort_text)
         return made
