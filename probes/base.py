@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
-from tailsight.histfile import Counter, CounterPairs, HistDocument, PairCells, Series
+from tailsight.histfile import Counter, CounterPairs, HistDocument, LabelKey, PairCells, Series
 
 K = TypeVar("K", bound=Hashable)
 G = TypeVar("G", bound=Hashable)
@@ -53,6 +53,9 @@ class LabelMemo:
         self.current: dict[Labels, Named] = {}
         self.previous: dict[Labels, Named] = {}
         self.intervals = 0
+        # How the victim x aggressor pairs named as arrays were labelled (``CounterPairs``):
+        # made anew each generation.
+        self.pair_labels: dict[tuple[str, str], tuple[LabelKey, dict[str, str], str]] = {}
 
     def recall(self, keys: Iterable[Labels]) -> list[Labels]:
         """Bring these keys into the current generation; those never named (or aged out)."""
@@ -61,6 +64,7 @@ class LabelMemo:
             len(self.current) > MEMO_GENERATION_KEYS
         ):
             self.previous, self.current = self.current, {}
+            self.pair_labels = {}
         current, previous = self.current, self.previous
         missing: dict[Labels, None] = {}  # each once: a pair's keys come once per counter
         for key in keys:
@@ -335,7 +339,9 @@ class Snapshot:
         if pairs is None:
             document.add_counters(named_counters)
         else:
-            document.add_counters(named_pairs(pairs, self.probe, names, keep, named_counters))
+            document.add_counters(
+                named_pairs(pairs, self.probe, names, keep, named_counters, memo.pair_labels)
+            )
         return document
 
 
@@ -446,9 +452,11 @@ def named_pairs(
     names: Mapping[int, str],
     keep: Callable[[str], bool] | None,
     others: list[Counter],
+    labels: dict[tuple[str, str], tuple[LabelKey, dict[str, str], str]],
 ) -> CounterPairs:
     """These pairs with their cgroups named (ids missing from ``names``: idle for 0, else
-    unknown), those whose victim ``keep`` refuses left out, ids of one path merged."""
+    unknown), those whose victim ``keep`` refuses left out, ids of one path merged; ``labels``
+    as ``CounterPairs`` keeps them."""
     id_paths = [
         names.get(i, IDLE_CGROUP_NAME if i == 0 else UNKNOWN_CGROUP_NAME) for i in cells.cgroups
     ]
@@ -469,9 +477,8 @@ def named_pairs(
         any_moved = np.zeros((len(pair), len(cells.names)), dtype=bool)
         np.logical_or.at(any_moved, group, moved)
         victim, aggressor, values, moved = victim[first], aggressor[first], summed, any_moved
-    return CounterPairs(
-        probe, PairCells(cells.names, paths, victim, aggressor, values, moved), others
-    )
+    pairs = PairCells(cells.names, paths, victim, aggressor, values, moved)
+    return CounterPairs(probe, pairs, others, labels)
 
 
 class IntervalCounters(CountersBuiltOnLookup):

@@ -138,22 +138,36 @@ class CounterPairs:
     """One probe's counters of an interval with its victim x aggressor ``pairs`` held as arrays
     (a busy host moves thousands of pairs per interval; the exporter folds them to its top-K,
     the live verdicts sum them), labelled ``probe``, ``victim`` and ``aggressor``; ``others``
-    are the probe's other counters."""
+    are the probe's other counters. ``labels``: each pair's labels as made, (victim, aggressor)
+    -> (key, labels, their sort text), kept by the caller from one interval to the next (the
+    recording keeps its label JSON by key object)."""
 
     probe: str
     pairs: PairCells[str]
     others: list[Counter]
+    labels: dict[tuple[str, str], tuple[LabelKey, dict[str, str], str]] = field(
+        default_factory=dict
+    )
 
     def counters(self) -> list[Counter]:
         """Every counter as a ``Counter``, sorted as ``Snapshot.to_document`` sorts a probe's:
         by name, then the labels' names and values joined by NUL."""
-        made = list(self.others)
+        made = [(counter_sort_text(c), c) for c in self.others]
+        labels = self.labels
         for k, name in enumerate(self.pairs.names):
             for victim, aggressor, value in zip(*self.pairs.moved_cells(k), strict=True):
-                key = (("aggressor", aggressor), ("probe", self.probe), ("victim", victim))
-                made.append(Counter(name, dict(key), value, key))
-        made.sort(key=counter_sort_text)
-        return made
+                held = labels.get((victim, aggressor))
+                if held is None:
+                    key = (("aggressor", aggressor), ("probe", self.probe), ("victim", victim))
+                    text = "\0".join(part for pair in key for part in pair)
+                    held = labels[(victim, aggressor)] = (key, dict(key), text)
+                made.append((f"{name}\0{held[2]}", Counter(name, held[1], value, held[0])))
+        made.sort(key=_first)
+        return [counter for _, counter in made]
+
+
+def _first(pair: tuple[str, Counter]) -> str:
+    return pair[0]
 
 
 def counter_sort_text(counter: Counter) -> str:

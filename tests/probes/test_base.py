@@ -3,6 +3,7 @@ idle/unknown names, the --cgroup filter), all against hand-computed expectations
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -202,6 +203,31 @@ def test_pairs_named_as_arrays_give_the_counters_named_one_by_one(
     assert blocks.counters == one_by_one.counters
     assert [c.key for c in blocks.counters] == [c.key for c in one_by_one.counters]
     assert blocks == one_by_one
+
+
+def test_pairs_keep_their_label_objects_from_one_interval_to_the_next() -> None:
+    """Made into counters with the same memo, a pair's labels are the same objects every
+    interval of a generation (the recording keeps each label set's JSON by its key object), and
+    new ones after it."""
+    names = (WAIT, SWITCHES)
+    memo = LabelMemo()
+    made = []
+    for t in range(3):
+        matrix = np.full((2, 2, 2), t + 1, dtype=np.uint64)
+        made.append(Snapshot("runqueue", t, {}, PairCounters({}, names, (0, 10), matrix, 1)))
+    keys = [
+        {
+            (c.name, c.key): c.key
+            for c in (b - a).to_document(0, _names({10: "/a"}), None, memo).counters
+        }
+        for a, b in itertools.pairwise(made)
+    ]
+    assert keys[0] == keys[1] and len(keys[0]) == 8
+    assert all(keys[0][k] is keys[1][k] for k in keys[0])
+    for _ in range(MEMO_GENERATION_INTERVALS):
+        memo.recall([])
+    again = (made[2] - made[1]).to_document(0, _names({10: "/a"}), None, memo).counters
+    assert all(c.key is not keys[0][(c.name, c.key)] for c in again)
 
 
 def test_a_pair_going_backwards_is_named() -> None:
