@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -159,21 +160,21 @@ class CounterPairs:
                 held = labels.get((victim, aggressor))
                 if held is None:
                     key = (("aggressor", aggressor), ("probe", self.probe), ("victim", victim))
-                    text = "\0".join(part for pair in key for part in pair)
-                    held = labels[(victim, aggressor)] = (key, dict(key), text)
+                    held = labels[(victim, aggressor)] = (key, dict(key), label_text(key))
                 made.append((f"{name}\0{held[2]}", Counter(name, held[1], value, held[0])))
-        made.sort(key=_first)
+        made.sort(key=operator.itemgetter(0))
         return [counter for _, counter in made]
 
 
-def _first(pair: tuple[str, Counter]) -> str:
-    return pair[0]
+def label_text(key: LabelKey) -> str:
+    """Sorted labels' names and values joined by NUL: sorts as the tuples do (no label holds a
+    NUL), twice as fast. A counter sorts by its name, NUL, then this."""
+    return "\0".join(part for pair in key for part in pair)
 
 
 def counter_sort_text(counter: Counter) -> str:
-    """A counter's name and labels joined by NUL: sorts as (name, sorted labels) tuples do (no
-    label holds a NUL), twice as fast."""
-    return "\0".join((counter.name, *(part for pair in key_of(counter) for part in pair)))
+    """What a counter sorts by in a document: its name and ``label_text``, joined by NUL."""
+    return f"{counter.name}\0{label_text(key_of(counter))}"
 
 
 class HistDocument:
