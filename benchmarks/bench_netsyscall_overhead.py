@@ -19,7 +19,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from bench_probe_overhead import PerEvent, both_orders_line, dropped, in_both_orders, measure
+from bench_probe_overhead import (
+    NoEvents,
+    PerEvent,
+    both_orders_line,
+    dropped,
+    in_both_orders,
+    measure,
+)
 
 TRACEPOINTS = ("sys_enter", "sys_exit")
 
@@ -74,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = {name: measure(fds, load, seconds) for name, load in loads.items()}
         return runs, dropped(probe.read())
 
-    with enable_bpf_stats() as mechanism:
-        mode, results = in_both_orders(NetSyscallProbe, TRACEPOINTS, run)
+    try:
+        with enable_bpf_stats() as mechanism:
+            mode, results = in_both_orders(NetSyscallProbe, TRACEPOINTS, run)
+    except NoEvents as error:
+        print(f"bench_netsyscall_overhead: {error}", file=sys.stderr)
+        return 1
     print(
         f"stats via {mechanism}; attach mode {mode} (the empty programs too); each load runs "
         f"{seconds:.1f} s per attach order in one Python thread"

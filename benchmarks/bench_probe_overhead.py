@@ -119,7 +119,7 @@ def measure(
     fds: Mapping[str, tuple[int, int]], load: Callable[[float], int], seconds: float
 ) -> tuple[int, PerEvent]:
     """Run the load; what it returns (e.g. its calls) and the cost per event of each tracepoint's
-    two programs, ``fds[tracepoint]`` = (ours, empty)."""
+    two programs, ``fds[tracepoint]`` = (ours, empty); NoEvents if either saw none."""
     before = {tp: (prog_stats(ours), prog_stats(empty)) for tp, (ours, empty) in fds.items()}
     calls = load(seconds)
     result = {}
@@ -127,12 +127,18 @@ def measure(
         (ours_ns0, ours_n0), (empty_ns0, empty_n0) = before[tp]
         ours_ns, ours_n = prog_stats(ours)
         empty_ns, empty_n = prog_stats(empty)
+        if min(ours_n - ours_n0, empty_n - empty_n0) == 0:
+            raise NoEvents(f"no {tp} events seen")
         result[tp] = (
-            (ours_ns - ours_ns0) / max(1, ours_n - ours_n0),
-            (empty_ns - empty_ns0) / max(1, empty_n - empty_n0),
+            (ours_ns - ours_ns0) / (ours_n - ours_n0),
+            (empty_ns - empty_ns0) / (empty_n - empty_n0),
             ours_n - ours_n0,
         )
     return calls, result
+
+
+class NoEvents(RuntimeError):
+    """A load did not fire the tracepoint it is meant to: there is no cost to report."""
 
 
 ORDERS: Final = ("ours first", "empty first")
@@ -229,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                 _, per_tp = measure(fds, load, seconds)
                 return per_tp[tracepoint], dropped(probe.read())
 
-            mode, results = in_both_orders(make, [tracepoint], run)
-            if min(n for (_, _, n), _ in results) == 0:
-                print(f"bench_probe_overhead: no {tracepoint} events seen", file=sys.stderr)
+            try:
+                mode, results = in_both_orders(make, [tracepoint], run)
+            except NoEvents as error:
+                print(f"bench_probe_overhead: {error}", file=sys.stderr)
                 return 1
             name = f"{make.name} {tracepoint} ({mode})"
             print(both_orders_line(name, [per_event for per_event, _ in results]))
