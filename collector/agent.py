@@ -19,7 +19,7 @@ from tailsight.collector.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import ProbeStatus, RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
-from tailsight.histfile import HistDocument
+from tailsight.histfile import HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot
 from tailsight.probes.catalog import PROBES, create_probe
 
@@ -187,6 +187,9 @@ class Agent:
         began_cpu = time.process_time()
         document = HistDocument(start_ns=self.last_end_ns, end_ns=self.last_end_ns)
         for name, entry in self.attached.items():
+            watch = getattr(entry.probe, "watch", None)
+            if watch is not None:  # a file probe (throttle, pressure): after the BPF ones
+                watch(busiest_cgroups(document.series))
             try:
                 now = entry.probe.read()
             except Exception as error:
@@ -320,6 +323,16 @@ class Agent:
         if self._restore_gc:
             self._restore_gc = False
             gc.enable()
+
+
+def busiest_cgroups(series: Iterable[Series]) -> list[str]:
+    """The cgroups of these series, most events first: which ones the file probes read."""
+    events: dict[str, int] = {}
+    for s in series:
+        cgroup = s.labels.get("cgroup")
+        if cgroup is not None:
+            events[cgroup] = events.get(cgroup, 0) + s.sparse.total
+    return sorted(events, key=lambda cgroup: -events[cgroup])
 
 
 def _close_quietly(probe: Probe) -> None:

@@ -55,6 +55,12 @@ OTHER_CGROUP: Final = "other"
 CGROUP_LABELS: Final = ("cgroup", "victim", "aggressor")
 # Label values that name no cgroup and are bounded by construction (id 0 = idle CPU).
 FIXED_CGROUP_NAMES: Final = frozenset({"idle", OTHER_CGROUP})
+RANKED_BY_TIME: Final = frozenset(
+    info.name
+    for info in PROBES.values()
+    if not info.series and all(c.name.endswith("_ns") for c in info.counters)
+)
+"""Probes whose cgroups rank by time (pressure stalls): they count no events."""
 # A cgroup in the top-K keeps its place until another has this many times its events: cgroups of
 # about equal weight would otherwise swap every interval, each swap ending one cgroup's series
 # and starting another's (series churn in Prometheus, and every key of both re-folded here).
@@ -525,11 +531,12 @@ class PrometheusExporter:
             if subject is not None:
                 key = (s.labels.get("probe", ""), subject)
                 counts[key] = counts.get(key, 0) + sparse[raw].total
-        # Probes without histograms (migration) rank by their event counters instead.
+        # Probes without histograms (migration) rank by their event counters instead, those
+        # that count no events (pressure) by their times.
         with_histograms = {s.labels.get("probe", "") for s in document.series}
         for c in plain:  # the cheap tests first
             probe = c.labels.get("probe", "")
-            if probe in with_histograms or c.name.endswith("_ns"):
+            if probe in with_histograms or (c.name.endswith("_ns") and probe not in RANKED_BY_TIME):
                 continue
             subject = _subject(c.labels)
             if subject is not None:

@@ -116,6 +116,8 @@ class ProbeInfo:
     tracepoints: tuple[str, ...]
     series: tuple[SeriesInfo, ...] = ()
     counters: tuple[CounterInfo, ...] = ()
+    files: tuple[str, ...] = ()
+    """The kernel files a probe reads instead of attaching BPF programs (cgroupfs, procfs)."""
 
     def series_info(self, series_labels: Mapping[str, str]) -> SeriesInfo | None:
         """The series a histogram with these labels belongs to: named by its ``kind`` label, or

@@ -7,11 +7,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from tailsight.probes import migration, netsyscall, runqueue, tcpstate
+from tailsight.probes import migration, netsyscall, pressure, runqueue, tcpstate, throttle
 from tailsight.probes.base import Probe, ProbeInfo
 
 PROBES: Final[dict[str, ProbeInfo]] = {
-    info.name: info for info in (runqueue.INFO, netsyscall.INFO, tcpstate.INFO, migration.INFO)
+    info.name: info
+    for info in (
+        runqueue.INFO,
+        netsyscall.INFO,
+        tcpstate.INFO,
+        migration.INFO,
+        throttle.INFO,
+        pressure.INFO,
+    )
 }
 PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
     name: info.tracepoints for name, info in PROBES.items()
@@ -21,6 +29,8 @@ _CLASSES: Final[dict[str, type]] = {
     netsyscall.PROBE_NAME: netsyscall.NetSyscallProbe,
     tcpstate.PROBE_NAME: tcpstate.TcpStateProbe,
     migration.PROBE_NAME: migration.MigrationProbe,
+    throttle.PROBE_NAME: throttle.ThrottleProbe,
+    pressure.PROBE_NAME: pressure.PressureProbe,
 }
 
 

@@ -19,6 +19,9 @@ PROBES_DIR = Path(__file__).resolve().parents[2] / "probes"
 
 def test_tracepoints_are_the_handlers_of_each_bpf_program() -> None:
     for name, info in PROBES.items():
+        if info.files:  # reads the kernel's files: no BPF program, no tracepoint
+            assert not info.tracepoints and not (PROBES_DIR / f"{name}.bpf.c").exists(), name
+            continue
         source = (PROBES_DIR / f"{name}.bpf.c").read_text()
         handlers = set(re.findall(r"^int on_(\w+)\(", source, re.MULTILINE))
         assert handlers == set(info.tracepoints), name
