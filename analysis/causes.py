@@ -42,12 +42,21 @@ from tailsight.analysis.attribution import (
     rate_increase_p_value,
 )
 from tailsight.analysis.jumps import benjamini_hochberg
+from tailsight.collector.cgroups import is_within
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.netsyscall import ERRORS
+from tailsight.probes.pressure import SOME as PRESSURE_SOME
 from tailsight.probes.runqueue import DISPLACED_WAIT, STEAL
 from tailsight.probes.tcpstate import PEER_RETRANSMITS, RETRANSMIT_FAILURES, RETRANSMITS
+from tailsight.probes.throttle import (
+    LIMIT_LABEL,
+    PERIODS,
+    THROTTLED,
+    THROTTLED_PERIODS,
+    cpu_max_text,
+)
 
 MIGRATIONS: Final = MIGRATION_KINDS[0]
 CROSS_NODE_MIGRATIONS: Final = MIGRATION_KINDS[1]
@@ -76,8 +85,20 @@ FORCED_MIGRATIONS: Final = 50.0
 """Moves per interval (100/s at 0.5 s intervals) from which a rising migration rate reads as
 forced (affinity or cpuset flipping) rather than the scheduler's own balancing."""
 FORCED_MIGRATIONS_RATIO: Final = 5.0
+PRESSURE_CAUSES: Final = {"memory": "memory_pressure", "io": "io_pressure"}
+"""Stall kinds that are candidate causes of any rise (cpu stalls are a run-queue wait itself)."""
+THROTTLE_COUNTERS: Final = frozenset({PERIODS, THROTTLED_PERIODS, THROTTLED})
+IDLE_CPU: Final = "idle_cpu"
+"""A wait the kernel saw displaced by nobody (the idle task), with no throttling to explain it:
+a wake-up that found its CPU idle (leaving a deep idle state), or hypervisor steal."""
+LATE_INTERVALS: Final = 3
+"""A cause whose own change comes more than this many intervals after the symptom's began
+after it: a consequence, or the symptom's rise was dated early."""
 WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
 STEAL_FLOOR_NS: Final = 10_000_000.0  # smoothing of steal ratios (one 10 ms tick per interval)
+STALL_FLOOR_NS: Final = 1_000_000.0
+"""Throttled or stalled time per interval that must be added to make a candidate (a rise of
+microseconds explains no tail), and the smoothing of its ratio."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,9 @@ class Cause:
     peer: bool = False
     """Outside the incident's cgroups (TCP counters only): probably the other end."""
     discovered: bool = False
+    late_s: float = 0.0
+    """How long after the symptom's rise this signal's own rise came, where it came later
+    than :data:`LATE_INTERVALS` (0 otherwise): not the symptom's cause."""
 
     @property
     def new(self) -> bool:
@@ -177,21 +201,49 @@ class Cause:
             )
         if self.kind == "displacement":
             aggressor = self.labels.get("aggressor", "?")
-            if aggressor == self.cgroup:
-                who = f"another task of {self.cgroup} itself"
-            elif aggressor == IDLE_CGROUP_NAME:
-                # The kernel saw the CPU idle: a wake-up from a deep idle state, or on a VM the
-                # hypervisor running another guest on it (steal time in /proc/stat; quiet runs
-                # here: CPU 0's steal rose from ~6 % to 26-40 % as the victim's wait jumped).
-                who = "an idle CPU (nobody: a wake-up from idle, or on a VM hypervisor steal)"
-            else:
-                who = aggressor
+            who = f"another task of {self.cgroup} itself" if aggressor == self.cgroup else aggressor
             return (
                 f"{self.cgroup} waited for CPUs held by {who}"
                 f"{', new since the change' if self.new else ''}: displaced wait "
                 f"{_ms(self.before)} -> {_ms(self.after)} ms per interval"
             )
+        if self.kind == IDLE_CPU:
+            # The kernel saw the CPU idle while the task waited, and no limit parked it: a
+            # wake-up leaving a deep idle state, or on a VM the hypervisor running another guest
+            # (steal, ranked first where /proc/stat shows it; quiet runs here: CPU 0's steal
+            # rose from ~6 % to 26-40 % as the victim's wait jumped).
+            return (
+                f"{self.cgroup} waited to run on CPUs that were idle (no task held them, no CPU "
+                "limit parked it: a wake-up from a deep idle state, or hypervisor steal the "
+                f"guest cannot see): {_ms(self.before)} -> {_ms(self.after)} ms per interval"
+            )
+        if self.kind == "throttling":
+            limit = cpu_max_text(self.labels.get(LIMIT_LABEL, "?"))
+            periods = float(self.labels.get("periods", "0"))
+            throttled = float(self.labels.get("throttled_periods", "0"))
+            victim = self.labels.get("ancestor_of")
+            whose = "its own" if victim is None else "an ancestor's"
+            return (
+                f"{victim or self.cgroup} was throttled by {whose} CPU limit "
+                f"(cpu.max {limit} at {self.cgroup}): "
+                f"{throttled:.0f} of {periods:.0f} periods, {_ms(self.after)} ms per interval"
+                f" ({_ms(self.before)} before)"
+            )
+        if self.kind in PRESSURE_CAUSES.values():
+            resource = self.kind.removesuffix("_pressure")
+            what = "reclaiming or faulting in memory" if resource == "memory" else "waiting on io"
+            return (
+                f"tasks of {self.cgroup} stalled {what} (PSI {resource} some): "
+                f"{_ms(self.before)} -> {_ms(self.after)} ms per interval"
+            )
         return f"{self.kind} in {where}: {self.before:.1f} -> {self.after:.1f} per interval"
+
+    def timed_sentence(self, symptom: str = "", symptom_after_ns: float = math.nan) -> str:
+        """``sentence``, and when it began, where that was after the symptom's rise."""
+        line = self.sentence(symptom, symptom_after_ns)
+        if self.late_s:
+            line += f" (began {self.late_s:.0f} s after the rise: a consequence, not its cause)"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able dict."""
@@ -208,7 +260,8 @@ class Cause:
             "effect": self.effect,
             "peer": self.peer,
             "discovered": self.discovered,
-            "sentence": self.sentence(),
+            "late_s": self.late_s,
+            "sentence": self.timed_sentence(),
         }
 
 
@@ -243,7 +296,11 @@ class CounterTable:
 
 def wanted_counter(name: str) -> bool:
     """A counter that :func:`find_causes` tests."""
-    return name in COUNTER_CAUSES or name in (DISPLACED_WAIT, STEAL)
+    return (
+        name in COUNTER_CAUSES
+        or name in (DISPLACED_WAIT, STEAL, PRESSURE_SOME)
+        or name in THROTTLE_COUNTERS
+    )
 
 
 def find_causes(
@@ -268,6 +325,7 @@ def find_causes(
         if name == CALLS and dict(key).get("cgroup") in symptoms
     )
     calls_floor = max(own_calls, MIN_NEIGHBOUR_CALLS)
+    throttled = _throttled_intervals(table, cgroups)
     candidates: list[Cause] = []
     for (name, key), row in _with_known_peers(table.rows).items():
         labels = dict(key)
@@ -279,10 +337,65 @@ def find_causes(
         before_row, after_row = row[windows.before], row[windows.after]
         if name == DISPLACED_WAIT:
             victim = labels.get("victim", "")
-            if victim in cgroups and after_row.sum() > before_row.sum() * n_after / n_before:
-                aggressor = {"aggressor": labels.get("aggressor", "?")}
+            if victim not in cgroups:
+                continue
+            # Only the intervals in which no CPU limit parked the victim: a throttled task waits
+            # on whoever runs meanwhile (idle, or a neighbour), and that wait is the limit's.
+            parked = throttled.get(victim)
+            if parked is not None:
+                before_row = before_row[~parked[windows.before]]
+                after_row = after_row[~parked[windows.after]]
+                if len(before_row) < 2 or len(after_row) < 2:
+                    continue
+            if after_row.mean() > before_row.mean():
+                aggressor = labels.get("aggressor", "?")
+                kind = IDLE_CPU if aggressor == IDLE_CGROUP_NAME else "displacement"
                 candidates.append(
-                    _rise_of_time("displacement", victim, aggressor, row, windows, WAIT_FLOOR_NS)
+                    _rise_of_time(
+                        kind,
+                        victim,
+                        {} if kind == IDLE_CPU else {"aggressor": aggressor},
+                        row,
+                        (before_row, after_row),
+                        WAIT_FLOOR_NS,
+                    )
+                )
+            continue
+        if name == THROTTLED:
+            limited = labels.get("cgroup", "")
+            throttles = sorted(c for c in cgroups if is_within(c, limited))
+            if throttles and after_row.mean() - before_row.mean() >= STALL_FLOOR_NS:
+                counts = {
+                    counter: float(table.rows.get((counter, key), row)[windows.after].mean())
+                    for counter in (PERIODS, THROTTLED_PERIODS)
+                }
+                detail = {
+                    LIMIT_LABEL: labels.get(LIMIT_LABEL, "?"),
+                    "periods": f"{counts[PERIODS]:.1f}",
+                    "throttled_periods": f"{counts[THROTTLED_PERIODS]:.1f}",
+                }
+                if limited not in cgroups:  # a parent's limit: name whom it throttled
+                    detail["ancestor_of"] = throttles[0]
+                candidates.append(
+                    _rise_of_time(
+                        "throttling",
+                        limited,
+                        detail,
+                        row,
+                        (before_row, after_row),
+                        STALL_FLOOR_NS,
+                    )
+                )
+            continue
+        if name in THROTTLE_COUNTERS:
+            continue  # periods: read with the throttled time above
+        if name == PRESSURE_SOME:
+            kind = PRESSURE_CAUSES.get(labels.get("resource", ""))
+            cgroup = labels.get("cgroup", "")
+            rise_ns = after_row.mean() - before_row.mean()
+            if kind is not None and cgroup in cgroups and rise_ns >= STALL_FLOOR_NS:
+                candidates.append(
+                    _rise_of_time(kind, cgroup, {}, row, (before_row, after_row), STALL_FLOOR_NS)
                 )
             continue
         if name == STEAL:
@@ -290,7 +403,9 @@ def find_causes(
             # mostly "displaced by idle", which is what steal looks like to the kernel).
             if after_row.mean() > before_row.mean():
                 cpu = {"cpu": labels.get("cpu", "?")}
-                candidates.append(_rise_of_time("steal", "", cpu, row, windows, STEAL_FLOOR_NS))
+                candidates.append(
+                    _rise_of_time("steal", "", cpu, row, (before_row, after_row), STEAL_FLOOR_NS)
+                )
             continue
         cgroup = labels.get("cgroup", "")
         inside = cgroup in cgroups
@@ -355,17 +470,34 @@ def _with_known_peers(
     return out
 
 
+def _throttled_intervals(
+    table: CounterTable, cgroups: Collection[str]
+) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per cgroup of ``cgroups`` that a CPU limit (its own or an ancestor's) ever parked, in
+    which intervals it did."""
+    out: dict[str, npt.NDArray[np.bool_]] = {}
+    for (name, key), row in table.rows.items():
+        if name != THROTTLED or not row.any():
+            continue
+        limited = dict(key).get("cgroup", "")
+        for cgroup in cgroups:
+            if is_within(cgroup, limited):
+                parked = row > 0
+                out[cgroup] = out[cgroup] | parked if cgroup in out else parked
+    return out
+
+
 def _rise_of_time(
     kind: str,
     cgroup: str,
     labels: dict[str, str],
     row: npt.NDArray[np.float64],
-    windows: Windows,
+    compared: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
     floor_ns: float,
 ) -> Cause:
-    """A cause from a per-interval time (ns) that rose: Mann-Whitney on the intervals, effect the
-    log of the after/before means smoothed by ``floor_ns``."""
-    before_row, after_row = row[windows.before], row[windows.after]
+    """A cause from a per-interval time (ns) that rose: Mann-Whitney on the ``compared``
+    (before, after) intervals, effect the log of their means smoothed by ``floor_ns``."""
+    before_row, after_row = compared
     before, after = float(before_row.mean()), float(after_row.mean())
     return Cause(
         kind=kind,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -36,6 +37,8 @@ from tailsight.analysis.attribution import (
 from tailsight.analysis.causes import (
     CALLS,
     COUNTER_CAUSES,
+    IDLE_CPU,
+    LATE_INTERVALS,
     OTHER_END,
     Cause,
     CounterTable,
@@ -52,6 +55,7 @@ from tailsight.analysis.jumps import (
 )
 from tailsight.analysis.quantiles import describe, quantile_name, series_arrays
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
+from tailsight.collector.cgroups import is_within
 from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument, LabelKey
@@ -235,6 +239,9 @@ class Incident:
     """Discovered causes, most likely first."""
     tested_causes: int
     cgroups: list[str]
+    dated_ns: int | None = None
+    """Where the symptom rose mostly with its cause, later than its change point (a smaller,
+    earlier step): the incident is dated by the cause."""
 
     @property
     def headline(self) -> JumpExplanation:
@@ -242,12 +249,19 @@ class Incident:
 
     @property
     def start_ns(self) -> int:
+        if self.dated_ns is not None:
+            return self.dated_ns
         return min(j.change_start_ns for j in self.jumps)
 
     def sentences(self) -> list[str]:
         """Headline, most likely cause, other candidates."""
         head = self.headline
         out = [head.change_line()]
+        if self.dated_ns is not None and self.causes:
+            out.append(
+                f"Most of the rise came at {_clock(self.dated_ns)}, when its cause began: the "
+                "incident is dated there (the change point before it was a smaller step)."
+            )
         if head.direction != "up":
             return out  # shown on request (--falls); a faster tail has nothing to attribute
         d = head.decomposition
@@ -272,9 +286,17 @@ class Incident:
             return out
         if self.causes:
             first, *others = self.causes
+            also = "; ".join(c.timed_sentence() for c in others[:2])
+            if first.late_s:  # every signal that changed began after the rise
+                out.append(
+                    "No cause found that began with the rise; later: "
+                    + "; ".join(c.timed_sentence() for c in self.causes[:3])
+                    + "."
+                )
+                return out
             out.append(f"Likely cause: {first.sentence(head.what(), head.after_ns)}.")
             if others:
-                out.append("Also changed: " + "; ".join(c.sentence() for c in others[:2]) + ".")
+                out.append(f"Also changed: {also}.")
             return out
         if self.tested_causes:
             out.append(
@@ -298,6 +320,7 @@ class Incident:
             "summary": self.sentences(),
             "causes": [c.to_json() for c in self.causes],
             "tested_causes": self.tested_causes,
+            "dated_ns": self.dated_ns,
             "jumps": [dict(j.series) for j in self.jumps],
             "folded": [dict(j.series) for j in self.folded],
         }
@@ -743,8 +766,19 @@ def _incident(
     # the hypervisor ran another guest: 26-40 % of CPU 0 in quiet runs here); otherwise it is
     # background, after the rest.
     stolen = top == IDLE_CGROUP_NAME
+    # A cgroup parked by its own CPU limit (or a parent's) waited for that, whoever ran
+    # meanwhile: the limit comes first (find_causes names neighbours only from the intervals in
+    # which it was not throttled).
+    causes, dated_ns = _timed(causes, chosen, shown[0], intervals, config)
+    parked = {
+        id(c)
+        for c in causes
+        if c.kind == "throttling" and any(is_within(m, c.cgroup) for m in mine)
+    }
     causes.sort(
         key=lambda c: (
+            bool(c.late_s),
+            id(c) not in parked,
             c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
             (c.kind == "steal") != stolen,
             not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),
@@ -754,15 +788,92 @@ def _incident(
             c.labels.get(OTHER_END, next(iter(mine), "")) not in mine,
         )
     )
-    return Incident(shown, folded, causes, tested, sorted(cgroups))
+    return Incident(shown, folded, causes, tested, sorted(cgroups), dated_ns)
+
+
+def _timed(
+    causes: list[Cause],
+    chosen: Sequence[JumpExplanation],
+    head: JumpExplanation,
+    intervals: int,
+    config: ExplainConfig,
+) -> tuple[list[Cause], int | None]:
+    """The causes, each that began more than LATE_INTERVALS after the symptom marked late
+    (``late_s``): a cause cannot start after its symptom. Unless the headline rose mostly when it
+    began (its change point found a smaller, earlier step): then the cause stands and the
+    incident is dated by it (returned, else None)."""
+    change = min(j.change_index for j in chosen)
+    windows = Windows.around(change, intervals, config.window_intervals)
+    column = PLOT_QUANTILES.index(head.quantile) if head.quantile in PLOT_QUANTILES else 1
+    level = np.array([row[column] for row in head.interval_quantiles_ns], dtype=np.float64)
+    starts = head.starts_ns
+    out: list[Cause] = []
+    dated_ns: int | None = None
+    for cause in causes:
+        if len(cause.values) != intervals:
+            out.append(cause)
+            continue
+        row = np.asarray(cause.values, dtype=np.float64)
+        onset = step_onset(row, windows)
+        if not _quiet_until(row, windows, onset) or (
+            len(level) == intervals and _rose_mostly_at(level, windows, onset)
+        ):
+            if _quiet_until(row, windows, onset) and dated_ns is None:
+                dated_ns = starts[onset]
+            out.append(cause)
+            continue
+        out.append(replace(cause, late_s=(starts[onset] - starts[change]) / 1e9))
+    return out, dated_ns
+
+
+def step_onset(row: npt.NDArray[np.float64], windows: Windows) -> int:
+    """Where a per-interval signal within ``windows`` steps up most clearly: the split that
+    maximises the standardised difference of the means after and before it (CUSUM)."""
+    x = row[windows.before_start : windows.after_stop]
+    n = len(x)
+    if n < 2:
+        return windows.change
+    k = np.arange(1, n)
+    total = np.cumsum(x)
+    left = total[:-1] / k
+    right = (total[-1] - total[:-1]) / (n - k)
+    score = (right - left) * np.sqrt(k * (n - k) / n)
+    return windows.before_start + 1 + int(np.argmax(score))
+
+
+def _quiet_until(row: npt.NDArray[np.float64], windows: Windows, onset: int) -> bool:
+    """Whether a signal stayed at its level before the change until ``onset``, more than
+    LATE_INTERVALS after it: at most a quarter of its rise between, over a stretch where its rate
+    after would have shown at least 3 (a run of quiet intervals by chance: under 5 %)."""
+    between = row[windows.change : onset]
+    if len(between) <= LATE_INTERVALS:
+        return False
+    before = float(row[windows.before].mean())
+    after = float(row[onset : windows.after_stop].mean())
+    enough = (after - before) * len(between) >= 3.0
+    return bool(enough and float(between.mean()) <= before + 0.25 * (after - before))
+
+
+def _rose_mostly_at(level: npt.NDArray[np.float64], windows: Windows, onset: int) -> bool:
+    """Whether the symptom's quantile rose mostly at ``onset`` rather than at the change."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-nan slices: no events
+        before = np.nanmedian(level[windows.before])
+        between = np.nanmedian(level[windows.change : onset])
+        after = np.nanmedian(level[onset : windows.after_stop])
+    if not (np.isfinite(before) and np.isfinite(between) and np.isfinite(after)):
+        return False
+    return bool(after > before and between - before < 0.5 * (after - before))
 
 
 def _top_aggressor(causes: Sequence[Cause], mine: set[str]) -> str | None:
-    """Who holds the largest rise of displaced wait of ``mine`` (None: no displacement rose)."""
-    displaced = [c for c in causes if c.kind == "displacement" and c.cgroup in mine]
+    """Who holds the largest rise of displaced wait of ``mine`` (idle for a wait on idle CPUs;
+    None: no displacement rose)."""
+    displaced = [c for c in causes if c.kind in ("displacement", IDLE_CPU) and c.cgroup in mine]
     if not displaced:
         return None
-    return max(displaced, key=lambda c: c.after - c.before).labels.get("aggressor")
+    top = max(displaced, key=lambda c: c.after - c.before)
+    return IDLE_CGROUP_NAME if top.kind == IDLE_CPU else top.labels.get("aggressor")
 
 
 def _displaced_by_newcomer(jump: JumpExplanation) -> bool:
@@ -870,8 +981,14 @@ def _displacement_line(shown: Displacement, top: int) -> str:
         # The probe charges a wait to the task that ran just before the victim; under background
         # load a brief third task often runs last, so the newcomer that caused the wait can rank
         # second: say that it is new.
+        who = (
+            "passed with the CPU idle (the idle task is no aggressor: a CPU limit, steal or a "
+            "wake-up from idle)"
+            if a.aggressor == IDLE_CGROUP_NAME
+            else f"was displaced by {_aggressor(a.aggressor, shown.victim)}"
+        )
         parts.append(
-            f"{_pct(a.share)} was displaced by {_aggressor(a.aggressor, shown.victim)}"
+            f"{_pct(a.share)} {who}"
             f"{' (new)' if a.new else ''} ({_duration(a.wait_before_ns)} -> "
             f"{_duration(a.wait_after_ns)})"
         )

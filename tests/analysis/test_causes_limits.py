@@ -1,0 +1,202 @@
+"""A container's own CPU limit, pressure stalls and the idle CPU as causes, on synthetic
+recordings whose cause is known by construction; and causes that began after their symptom."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tailsight.analysis.eval import LatencyModel
+from tailsight.analysis.explain import explain_documents
+from tailsight.histfile import HistDocument, Series
+from tests.analysis.test_causes import CONFIG, _counter
+from tests.analysis.test_explain import INTERVAL_NS, START_NS, _hist
+
+CALM = LatencyModel()
+PARKED = CALM.with_component(0.05, 60_000_000.0, 0.3)  # 5 % of waits last a throttled period
+QUOTA = "20000 100000"
+
+
+def throttled_documents(
+    seed: int = 0,
+    victim: str = "/victim",
+    limited: str = "/victim",
+    neighbour: bool = False,
+    change_at: int = 30,
+    intervals: int = 60,
+) -> list[HistDocument]:
+    """``victim``'s run-queue wait rises from ``change_at``, when the CPU limit of ``limited`` (the
+    victim or a parent) parks it in 10 of 10 periods, 80 ms per interval; meanwhile the CPU sits
+    idle, or (``neighbour``) /neighbour runs on it."""
+    rng = np.random.default_rng(seed)
+    documents = []
+    for t in range(intervals):
+        late = t >= change_at
+        series = [
+            Series({"probe": "runqueue", "cgroup": victim},
+                   _hist(PARKED if late else CALM, rng, 3000)),
+        ]  # fmt: skip
+        parked_ns = 80_000_000 if late else 0
+        holder = "/neighbour" if neighbour else "idle"
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e5 / 8)),
+                     victim=victim, aggressor=holder),
+            _counter("throttle_periods", "throttle", 10, cgroup=limited, cpu_max=QUOTA),
+            _counter("throttle_throttled_periods", "throttle", 10 if late else 0,
+                     cgroup=limited, cpu_max=QUOTA),
+            _counter("throttle_throttled_ns", "throttle", parked_ns, cgroup=limited,
+                     cpu_max=QUOTA),
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(4, 1e4)),
+                     cgroup=victim, resource="memory"),
+        ]  # fmt: skip
+        if late:  # the parked wait, charged to whoever ran meanwhile
+            counters.append(
+                _counter("runqueue_displaced_wait_ns", "runqueue", parked_ns * 5,
+                         victim=victim, aggressor=holder)
+            )  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    return documents
+
+
+def test_own_limit_comes_first_and_the_idle_cpu_is_no_aggressor() -> None:
+    report = explain_documents(throttled_documents(), config=CONFIG)
+    assert len(report.incidents) == 1, report.render_text()
+    incident = report.incidents[0]
+    first = incident.causes[0]
+    assert (first.kind, first.cgroup, first.labels["cpu_max"]) == ("throttling", "/victim", QUOTA)
+    # The wait on the idle CPU is the limit's: no cause of its own, no aggressor named "idle".
+    assert [c.kind for c in incident.causes if c.cgroup == "/victim"] == ["throttling"]
+    words = " ".join(report.render_text().split())
+    assert (
+        "Likely cause: /victim was throttled by its own CPU limit "
+        "(cpu.max 20 ms per 100 ms at /victim): "
+        "10 of 10 periods, 80 ms per interval"
+    ) in words, words
+
+
+def test_a_parents_limit_is_named_as_such() -> None:
+    report = explain_documents(
+        throttled_documents(victim="/pod/victim", limited="/pod"), config=CONFIG
+    )
+    incident = report.incidents[0]
+    first = incident.causes[0]
+    assert (first.kind, first.cgroup) == ("throttling", "/pod"), report.render_text()
+    assert (
+        "/pod/victim was throttled by an ancestor's CPU limit (cpu.max 20 ms per 100 ms at /pod)"
+        in " ".join(report.render_text().split())
+    )
+
+
+def test_a_neighbour_running_while_the_victim_is_throttled_is_not_blamed() -> None:
+    """What ran on the CPU while the limit parked the victim displaced nothing: the neighbour is
+    no candidate (every interval after the change was throttled)."""
+    report = explain_documents(throttled_documents(neighbour=True), config=CONFIG)
+    causes = report.incidents[0].causes
+    assert causes[0].kind == "throttling", report.render_text()
+    assert not [c for c in causes if c.labels.get("aggressor") == "/neighbour"]
+
+
+def idle_documents(seed: int = 0, steal: bool = False) -> list[HistDocument]:
+    """/victim's wait rises, charged to the idle task, with no limit (and ``steal``: CPU 0's
+    steal time rises with it)."""
+    rng = np.random.default_rng(seed)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(PARKED if late else CALM, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (3e8 if late else 1e5) / 8)), victim="/victim",
+                     aggressor="idle"),
+            _counter("host_cpu_steal_ns", "runqueue",
+                     int(rng.gamma(8, (4e8 if late and steal else 1e6) / 8)), cpu="0"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    return documents
+
+
+def test_a_wait_on_an_idle_cpu_without_limit_or_steal_reads_as_a_wake_up() -> None:
+    report = explain_documents(idle_documents(), config=CONFIG)
+    first = report.incidents[0].causes[0]
+    assert (first.kind, first.cgroup, first.labels) == ("idle_cpu", "/victim", {})
+    words = " ".join(report.render_text().split())
+    assert "waited to run on CPUs that were idle" in words and "held by" not in words
+
+
+def test_a_wait_on_an_idle_cpu_with_steal_reads_as_steal() -> None:
+    report = explain_documents(idle_documents(steal=True), config=CONFIG)
+    kinds = [c.kind for c in report.incidents[0].causes]
+    assert kinds[:2] == ["steal", "idle_cpu"], report.render_text()
+
+
+def test_memory_pressure_is_a_candidate_with_its_own_words() -> None:
+    rng = np.random.default_rng(3)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "netsyscall", "cgroup": "/feed", "syscall": "recvfrom"},
+                   _hist(PARKED if late else CALM, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                     cgroup="/feed", resource="memory"),
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, 1e5 / 8)),
+                     cgroup="/feed", resource="io"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    causes = report.incidents[0].causes
+    assert [(c.kind, c.cgroup) for c in causes] == [("memory_pressure", "/feed")]
+    assert "tasks of /feed stalled reclaiming or faulting in memory (PSI memory some)" in " ".join(
+        report.render_text().split()
+    )
+
+
+def late_documents(second_step: bool, seed: int = 0) -> list[HistDocument]:
+    """/trading's wait rises at interval 30; /hog's displacement of it begins at 45. With
+    ``second_step`` the wait rises a little at 30 and mostly at 45, else all of it at 30."""
+    rng = np.random.default_rng(seed)
+    small = CALM.with_component(0.03, 2_000_000.0, 0.3)
+    documents = []
+    for t in range(75):
+        if second_step:
+            model = PARKED if t >= 45 else small if t >= 30 else CALM
+        else:
+            model = PARKED if t >= 30 else CALM
+        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, _hist(model, rng, 3000))]
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
+                     aggressor="/hog"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    return documents
+
+
+def test_a_cause_that_began_after_the_symptom_is_not_its_cause() -> None:
+    report = explain_documents(late_documents(second_step=False), config=CONFIG)
+    incident = report.incidents[0]
+    assert abs(incident.headline.change_index - 30) <= 1, report.render_text()
+    hog = next(c for c in incident.causes if c.labels.get("aggressor") == "/hog")
+    assert 13 <= hog.late_s <= 17
+    words = " ".join(report.render_text().split())
+    assert "No cause found that began with the rise" in words, words
+    assert "a consequence, not its cause" in words
+
+
+def test_a_symptom_that_rose_mostly_with_a_later_cause_is_dated_by_it() -> None:
+    report = explain_documents(late_documents(second_step=True), config=CONFIG)
+    incident = next(i for i in report.incidents if i.causes)
+    first = incident.causes[0]
+    assert first.labels.get("aggressor") == "/hog" and not first.late_s, report.render_text()
+    assert abs(incident.start_ns - (START_NS + 45 * INTERVAL_NS)) <= INTERVAL_NS
+    assert "Likely cause: /trading waited for CPUs held by /hog" in " ".join(
+        report.render_text().split()
+    )
