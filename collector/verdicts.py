@@ -1,8 +1,12 @@
 """Live tail-jump verdicts: the online jump detector (``analysis/jumps.py``) run over the agent's
 intervals, one detector per (series, quantile), with the cause attached while a jump is active:
-the aggressors' shares of the victim's extra displaced run-queue wait. Exported as
-``tailsight_tail_jump{…}`` (1 while active) with the quantile before/after and the aggressor
-shares, and posted to Grafana as one annotation per jump when a Grafana is configured."""
+the victim's own CPU limit (or a parent's) where it throttled the victim in those intervals,
+else the aggressors' shares of the victim's extra displaced run-queue wait, counted over the
+intervals no limit parked it (what runs while a cgroup is throttled displaces nothing); the
+idle task is never an aggressor (its share is the wait on idle CPUs). Exported as
+``tailsight_tail_jump{…}`` (1 while active) with the quantile before/after, the aggressor shares
+and the throttling, and posted to Grafana as one annotation per jump when a Grafana is
+configured."""
 
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
+from tailsight.collector.cgroups import is_within
 from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import CounterPairs, HistDocument
+from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 
 if TYPE_CHECKING:
     from tailsight.collector.exporter import PrometheusExporter
@@ -26,6 +33,9 @@ DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
 DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
 ANNOTATION_TAGS: Final = ("tailsight", "tail-jump")
+MIN_THROTTLED_SHARE: Final = 0.01
+"""Share of the intervals after the change that the limit must have parked the victim (more
+than before) for the verdict to put the jump on the limit."""
 
 SeriesKey = tuple[tuple[str, str], ...]
 
@@ -37,7 +47,13 @@ class Verdict:
     series: SeriesKey
     jump: Jump
     aggressor_shares: tuple[tuple[str, float], ...] = ()
+    """Of the victim's extra displaced wait in the intervals no limit parked it, each
+    aggressor's share (the idle task's is ``idle_share``)."""
     alarm_interval: int = 0
+    idle_share: float = 0.0
+    throttled: tuple[str, str, float] | None = None
+    """(the cgroup whose limit parked the victim, its ``cpu.max``, the share of the time after
+    the change it was parked), where its limit throttled it."""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -52,9 +68,21 @@ class Verdict:
             f"{name} of {labels.get('cgroup', '?')}: P{self.jump.quantile * 100:g} "
             f"{self.jump.before_ns / 1e3:,.0f} µs -> {self.jump.after_ns / 1e3:,.0f} µs"
         )
-        if self.aggressor_shares:
+        if self.throttled is not None:
+            limited, cpu_max, share = self.throttled
+            whose = "its own" if limited == labels.get("cgroup") else "a parent's"
+            line += (
+                f"; throttled by {whose} CPU limit (cpu.max {cpu_max_text(cpu_max)} at "
+                f"{limited}) {share:.0%} of the time"
+            )
+        elif self.aggressor_shares and self.aggressor_shares[0][1] >= self.idle_share:
             top, share = self.aggressor_shares[0]
             line += f"; displaced by {top} ({share:.0%} of the extra wait)"
+        elif self.idle_share > 0:
+            line += (
+                f"; waited on idle CPUs ({self.idle_share:.0%} of the extra wait: a wake-up "
+                "from idle, or steal)"
+            )
         return line
 
 
@@ -80,6 +108,8 @@ class JumpVerdicts:
     _detectors: dict[tuple[SeriesKey, float], OnlineJumpDetector] = field(default_factory=dict)
     _last_seen: dict[SeriesKey, int] = field(default_factory=dict)
     _displaced: deque[dict[tuple[str, str], float]] = field(default_factory=deque)
+    # Per interval: throttled share of the interval by (cgroup, cpu.max)
+    _throttled: deque[dict[tuple[str, str], float]] = field(default_factory=deque)
     _active: list[Verdict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -105,6 +135,7 @@ class JumpVerdicts:
             row[sparse.index] += sparse.count
             row[NUM_BUCKETS] += sparse.overflow
         displaced: dict[tuple[str, str], float] = {}
+        throttled: dict[tuple[str, str], float] = {}
         for part in document.counter_parts():
             if isinstance(part, CounterPairs):  # read as arrays: thousands on a busy host
                 pairs = part.pairs
@@ -118,9 +149,15 @@ class JumpVerdicts:
                 if counter.name == DISPLACED_WAIT:
                     pair = (counter.labels.get("victim", ""), counter.labels.get("aggressor", ""))
                     displaced[pair] = displaced.get(pair, 0.0) + counter.value
+                elif counter.name == THROTTLED and counter.value:
+                    limit = (counter.labels.get("cgroup", ""), counter.labels.get(LIMIT_LABEL, ""))
+                    span_ns = max(1, document.end_ns - document.start_ns)
+                    throttled[limit] = throttled.get(limit, 0.0) + counter.value / span_ns
         self._displaced.append(displaced)
+        self._throttled.append(throttled)
         while len(self._displaced) > 4 * self.config.reference_intervals:
             self._displaced.popleft()
+            self._throttled.popleft()
         new: list[Verdict] = []
         for key, row in rows.items():
             for q in self.quantiles:
@@ -154,22 +191,43 @@ class JumpVerdicts:
         self._detectors = {k: d for k, d in self._detectors.items() if k[0] not in idle}
 
     def _verdict(self, key: SeriesKey, jump: Jump) -> Verdict:
-        """Aggressor shares of the victim's extra displaced wait, after the change vs before."""
+        """The victim's limit where it throttled the victim more after the change than before;
+        aggressor shares of its extra displaced wait over the intervals it was not parked."""
         victim = dict(key).get("cgroup", "")
-        history = list(self._displaced)
         after_len = jump.alarm_index - jump.change_index + 1
-        after, before = history[-after_len:], history[:-after_len]
+        # Per interval, how much of it the limits of the victim and its parents parked it.
+        parked = [
+            {limit: share for limit, share in interval.items() if is_within(victim, limit[0])}
+            for interval in self._throttled
+        ]
+        throttled = None
+        limits = {limit for interval in parked for limit in interval}
+        if limits:
+            rise = {
+                limit: _mean(i.get(limit, 0.0) for i in parked[-after_len:])
+                - _mean(i.get(limit, 0.0) for i in parked[:-after_len])
+                for limit in limits
+            }
+            top = max(rise, key=lambda limit: rise[limit])
+            if rise[top] >= MIN_THROTTLED_SHARE:
+                after_share = _mean(i.get(top, 0.0) for i in parked[-after_len:])
+                throttled = (top[0], top[1], after_share)
+        free = [not interval for interval in parked]
+        history = [i for i, unparked in zip(self._displaced, free, strict=True) if unparked]
+        after_free = sum(free[-after_len:])
+        after, before = history[len(history) - after_free :], history[: len(history) - after_free]
         excess: dict[str, float] = {}
         for aggressor in {a for interval in history for (v, a) in interval if v == victim}:
             mean_after = _mean(i.get((victim, aggressor), 0.0) for i in after)
             mean_before = _mean(i.get((victim, aggressor), 0.0) for i in before)
-            if mean_after - mean_before > 0:
+            if after and before and mean_after - mean_before > 0:
                 excess[aggressor] = mean_after - mean_before
         total = sum(excess.values())
+        idle_share = excess.pop(IDLE_CGROUP_NAME, 0.0) / total if total > 0 else 0.0
         shares = tuple(
             sorted(((a, e / total) for a, e in excess.items()), key=lambda item: -item[1])
         )
-        return Verdict(key, jump, shares if total > 0 else (), self.intervals + 1)
+        return Verdict(key, jump, shares, self.intervals + 1, idle_share, throttled)
 
     @property
     def active(self) -> list[Verdict]:
@@ -195,7 +253,20 @@ class JumpVerdicts:
         share = Family(
             "tailsight_tail_jump_aggressor_share",
             "gauge",
-            "Share of the victim's extra displaced wait each aggressor caused.",
+            "Share of the victim's extra displaced wait each aggressor caused, over the "
+            "intervals no CPU limit parked it (the idle task is no aggressor).",
+        )
+        idle = Family(
+            "tailsight_tail_jump_idle_share",
+            "gauge",
+            "Share of the victim's extra displaced wait spent on idle CPUs (a wake-up from "
+            "idle, or steal).",
+        )
+        throttled = Family(
+            "tailsight_tail_jump_throttled_share",
+            "gauge",
+            "Share of the time since the change a CPU limit (the victim's own, or a parent's: "
+            "limited_cgroup, cpu_max) parked the victim.",
         )
         for verdict in self._active:
             pairs = tuple((n, verdict.labels.get(n, "")) for n in names)
@@ -205,7 +276,12 @@ class JumpVerdicts:
             after.add(pairs, verdict.jump.after_ns / 1e9)
             for aggressor, fraction in verdict.aggressor_shares:
                 share.add((*pairs, ("aggressor", aggressor)), fraction)
-        return [active, before, after, share]
+            if verdict.idle_share > 0:
+                idle.add(pairs, verdict.idle_share)
+            if verdict.throttled is not None:
+                limited, cpu_max, parked = verdict.throttled
+                throttled.add((*pairs, ("limited_cgroup", limited), (LIMIT_LABEL, cpu_max)), parked)
+        return [active, before, after, share, idle, throttled]
 
 
 def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> JumpVerdicts:
