@@ -195,6 +195,74 @@ def _pairs_table(document: HistDocument, top: int) -> Table | None:
     return table
 
 
+def _limits_table(document: HistDocument, top: int) -> Table | None:
+    """Per cgroup its CPU limit and how often it throttled it, and its stall time per resource
+    (throttle and pressure probes): the most throttled or stalled first."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from tailsight.probes.pressure import RESOURCES
+    from tailsight.probes.pressure import SOME as STALLED
+    from tailsight.probes.throttle import (
+        LIMIT_LABEL,
+        PERIODS,
+        THROTTLED,
+        THROTTLED_PERIODS,
+    )
+
+    rows: dict[str, dict[str, float]] = {}
+    limits: dict[str, str] = {}
+    for counter in document.counters:
+        cgroup = counter.labels.get("cgroup")
+        if cgroup is None:
+            continue
+        if counter.name in (PERIODS, THROTTLED_PERIODS, THROTTLED):
+            limits[cgroup] = counter.labels.get(LIMIT_LABEL, "")
+            column = counter.name
+        elif counter.name == STALLED:
+            column = counter.labels.get("resource", "")
+        else:
+            continue
+        row = rows.setdefault(cgroup, {})
+        row[column] = row.get(column, 0) + counter.value
+    if not any(v for row in rows.values() for v in row.values()):
+        return None
+    table = Table(
+        title="CPU limits and stalls: throttled ms (periods), stall ms",
+        width=VIEW_WIDTH,
+        title_justify="left",
+        pad_edge=False,
+    )
+    table.add_column("cgroup", overflow="fold", ratio=1)
+    table.add_column("limit", no_wrap=True)
+    table.add_column("throttled", justify="right", no_wrap=True)
+    for resource in RESOURCES:
+        table.add_column(resource, justify="right", no_wrap=True)
+
+    def weight(item: tuple[str, dict[str, float]]) -> float:
+        return -sum(v for k, v in item[1].items() if k not in (PERIODS, THROTTLED_PERIODS))
+
+    for cgroup, row in sorted(rows.items(), key=weight)[:top]:
+        limit = limits.get(cgroup)
+        throttled = (
+            f"{row.get(THROTTLED, 0) / 1e6:,.1f} "
+            f"({row.get(THROTTLED_PERIODS, 0):,.0f}/{row.get(PERIODS, 0):,.0f})"
+            if limit
+            else "-"
+        )
+        stalls = [f"{row.get(resource, 0) / 1e6:,.1f}" for resource in RESOURCES]
+        table.add_row(Text(cgroup), _limit_text(limit) if limit else "none", throttled, *stalls)
+    return table
+
+
+def _limit_text(cpu_max: str) -> str:
+    """ "20000 100000" -> "20/100 ms"."""
+    quota, _, period = cpu_max.partition(" ")
+    if not quota.isdigit() or not period.isdigit():
+        return cpu_max
+    return f"{int(quota) / 1000:g}/{int(period) / 1000:g} ms"
+
+
 def _stacks_table(document: HistDocument, top: int) -> Table | None:
     from rich.table import Table
     from rich.text import Text
@@ -230,7 +298,8 @@ def render(
     keys_help: bool = False,
 ) -> RenderableType:
     """One latency table per probe (count, P50/P99/P99.9 µs, sparkline), the selected series'
-    heatmap (when ``intervals`` are given), the top displaced pairs, outlier stacks and drops.
+    heatmap (when ``intervals`` are given), the top displaced pairs, CPU limits and stalls,
+    outlier stacks and drops.
 
     With ``height`` (the live view) tables are cut to a few rows around the selection and the
     least important parts are left out until the view fits that many lines.
@@ -254,6 +323,9 @@ def render(
     pairs = _pairs_table(document, 3 if live else top)
     if pairs is not None:
         parts.append((4, pairs))
+    limits = _limits_table(document, 3 if live else top)
+    if limits is not None:
+        parts.append((4, limits))
     stacks = _stacks_table(document, 3 if live else top)
     if stacks is not None:
         parts.append((3, stacks))

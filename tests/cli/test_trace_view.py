@@ -294,6 +294,10 @@ def busy_document() -> tuple[HistDocument, list[HistDocument]]:
             },
             4,
         ),
+        Counter("throttle_periods", {"cgroup": "/victim", "cpu_max": "20000 100000"}, 10),
+        Counter("throttle_throttled_periods", {"cgroup": "/victim", "cpu_max": "20000 100000"}, 7),
+        Counter("throttle_throttled_ns", {"cgroup": "/victim", "cpu_max": "20000 100000"}, 61e6),
+        Counter("pressure_some_ns", {"cgroup": long, "resource": "memory"}, 2_500_000),
     ]
     intervals = interval_docs(random_intervals(3, 100), VICTIM)
     return HistDocument(0, 25 * 10**9, series, counters), intervals
@@ -313,6 +317,19 @@ def test_whole_view_fits_80_columns(console_width: int) -> None:
     assert "▶/victim" in text  # the selected row is marked without relying on colour
     assert "run-queue wait (runqueue): /victim" in text
     assert "P99 per interval" in text and "victim <- aggressor" in text
+
+
+def test_limits_and_stalls_per_cgroup() -> None:
+    """The throttled cgroup with its limit, throttled time and periods; a stalled one with its
+    memory stall; the most throttled or stalled first."""
+    document, _ = busy_document()
+    text = render_text(render(document, "interval"), 200)
+    table = text[text.index("CPU limits and stalls") :]
+    victim = next(line for line in table.splitlines() if "/victim" in line)
+    cells = [cell.strip() for cell in victim.strip("│ ").split("│")]
+    assert cells == ["/victim", "20/100 ms", "61.0 (7/10)", "0.0", "0.0", "0.0"]
+    assert table.index("/victim") < table.index("/system.slice")
+    assert "none" in table and "2.5" in table
 
 
 def test_live_view_fits_height_and_keeps_the_selection_visible() -> None:
