@@ -69,6 +69,19 @@ TCP_RETRANSMIT_FAILURES: Final = "tailsight_tcpstate_tcp_retransmit_failures_tot
 MIGRATIONS: Final = "tailsight_migration_task_migrations_total"
 MIGRATIONS_CROSS_NODE: Final = "tailsight_migration_task_migrations_cross_node_total"
 NUMA_MOVES: Final = "tailsight_migration_numa_task_moves_total"
+# CFS bandwidth control per cgroup (probe throttle, from cpu.stat), labelled with the limit as
+# cgroup v2 writes it in cpu.max: "<quota_us> <period_us>" ("20000 100000": 20 ms per 100 ms).
+THROTTLE_PERIODS: Final = "tailsight_throttle_periods_total"
+THROTTLE_THROTTLED_PERIODS: Final = "tailsight_throttle_throttled_periods_total"
+THROTTLE_THROTTLED_TIME: Final = "tailsight_throttle_throttled_seconds_total"
+CPU_MAX: Final = "cpu_max"
+# Pressure stall information (probe pressure): stall time per cgroup (<cgroup>/<resource>.pressure)
+# and host-wide (/proc/pressure/<resource>); some: at least one task stalled, full: all of them.
+PRESSURE_SOME: Final = "tailsight_pressure_some_seconds_total"
+PRESSURE_FULL: Final = "tailsight_pressure_full_seconds_total"
+PRESSURE_HOST_SOME: Final = "tailsight_pressure_host_some_seconds_total"
+PRESSURE_HOST_FULL: Final = "tailsight_pressure_host_full_seconds_total"
+RESOURCE: Final = "resource"  # cpu | memory | io
 # Drops of every probe: <probe>_dropped_events{reason} and <probe>_outlier_dropped{reason}.
 DROPPED_NAME_RE: Final = "tailsight_[a-z]+_(dropped_events|outlier_dropped)_total"
 OUTLIER_EVENTS_NAME_RE: Final = "tailsight_[a-z]+_outlier_events_total"

@@ -1,4 +1,5 @@
 """Overview: per probe, the 5 µs-bucket heatmap over time and exact P50/P99/P99.9 per cgroup;
+migrations and syscall errors; CPU throttling and stall time (PSI) per cgroup and of the host;
 then what the agent itself costs (BPF time per event, drops, map fill, export time)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tailsight.dashboards.panels import (
     query,
     rate,
     stat_panel,
+    throttling_panels,
     timeseries_panel,
     window_variable,
 )
@@ -29,7 +31,7 @@ def build() -> dash.Dashboard:
             UID,
             "tailsight / Overview",
             "Per-cgroup kernel latency from the tailsight agent: exact 5 µs histograms, exact "
-            "quantiles, and the agent's own cost.",
+            "quantiles, CPU throttling and stalls, and the agent's own cost.",
         )
         .with_variable(
             label_variable("cgroup", m.CGROUP, m.RUNQUEUE_WAIT.count, "Cgroup", multi=True)
@@ -77,7 +79,45 @@ def build() -> dash.Dashboard:
             )
         )
     )
-    return _agent_cost(board)
+    return _agent_cost(_limits_and_stalls(board))
+
+
+def _limits_and_stalls(board: dash.Dashboard) -> dash.Dashboard:
+    throttled_time, throttled_share = throttling_panels("each cgroup", cgroup=CGROUPS)
+    by = [m.CGROUP, m.RESOURCE]
+    return (
+        board.with_row(dash.Row("CPU limits and stalls (throttle, pressure)"))
+        .with_panel(throttled_time)
+        .with_panel(throttled_share)
+        .with_panel(
+            timeseries_panel(
+                "Stall time per cgroup (PSI, s per s)",
+                [
+                    query(
+                        rate(m.PRESSURE_SOME, by, cgroup=CGROUPS), "some {{cgroup}} {{resource}}"
+                    ),
+                    query(
+                        rate(m.PRESSURE_FULL, by, cgroup=CGROUPS), "full {{cgroup}} {{resource}}"
+                    ),
+                ],
+                description="Pressure stall information of each cgroup "
+                "(<cgroup>/<resource>.pressure): seconds per second in which some (at least "
+                "one) or all of its non-idle tasks waited for a CPU (throttled time included), "
+                "for memory or for IO.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Host stall time (PSI, s per s)",
+                [
+                    query(rate(m.PRESSURE_HOST_SOME, [m.RESOURCE]), "some {{resource}}"),
+                    query(rate(m.PRESSURE_HOST_FULL, [m.RESOURCE]), "full {{resource}}"),
+                ],
+                description="The same for the whole host (/proc/pressure/<resource>); the "
+                "host's CPU full is always 0.",
+            )
+        )
+    )
 
 
 def _agent_cost(board: dash.Dashboard) -> dash.Dashboard:

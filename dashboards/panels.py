@@ -99,6 +99,40 @@ def timeseries_panel(
     return panel
 
 
+def ratio_of_rates(numerator: str, denominator: str, by: Sequence[str], **labels: str) -> str:
+    """Rate of one counter over the rate of another, per ``by``."""
+    return f"{rate(numerator, by, **labels)} / {rate(denominator, by, **labels)}"
+
+
+def throttling_panels(subject: str, **labels: str) -> tuple[timeseries.Panel, timeseries.Panel]:
+    """CFS bandwidth throttling per cgroup, its limit (``cpu.max``) in the legend: the time
+    throttled per second, and the share of enforcement periods that ran out of quota."""
+    by = [metrics.CGROUP, metrics.CPU_MAX]
+    legend = "{{cgroup}} (cpu.max {{cpu_max}})"
+    throttled_time = rate(metrics.THROTTLE_THROTTLED_TIME, by, **labels)
+    share = ratio_of_rates(
+        metrics.THROTTLE_THROTTLED_PERIODS, metrics.THROTTLE_PERIODS, by, **labels
+    )
+    return (
+        timeseries_panel(
+            f"Throttled time of {subject} (s per s)",
+            [query(throttled_time, legend)],
+            description="Seconds per second the cgroup's run queues were throttled: it had used "
+            "its quota (cpu.max: quota and period in µs) before the period ended, and its "
+            "runnable tasks waited for the next period (cpu.stat throttled_usec; cgroup v1 "
+            "throttled_time). Summed over CPUs: above 1 when several CPUs were throttled.",
+        ),
+        timeseries_panel(
+            f"Throttled share of {subject}'s CFS periods",
+            [query(share, legend)],
+            unit="percentunit",
+            description="Periods in which the cgroup ran out of quota / enforcement periods "
+            "(cpu.stat nr_throttled / nr_periods; periods elapse only while it has runnable "
+            "tasks). Near 100 %, the limit sets the pace, not the work.",
+        ),
+    )
+
+
 def latency_quantiles_panel(
     metric: metrics.LatencyMetric, title: str, by: Sequence[str], **labels: str
 ) -> timeseries.Panel:

@@ -1,6 +1,7 @@
 """Root cause, for one victim cgroup (template variable ``victim``): its P99 with the jumps the
-agent detected, who displaced it on the run queue (wait rate per aggressor, stacked), and its
-syscall, TCP and migration series on the same time axis; the live verdict last."""
+agent detected, who displaced it on the run queue (wait rate per aggressor, stacked), its CPU
+throttling and stall time (PSI), and its syscall, TCP and migration series on the same time axis;
+the live verdict last."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tailsight.dashboards.panels import (
     rate,
     selector,
     table_panel,
+    throttling_panels,
     timeseries_panel,
     window_variable,
 )
@@ -35,12 +37,14 @@ def build() -> dash.Dashboard:
         f"sum by (aggressor) (increase({m.DISPLACED_WAIT}{selector(victim=VICTIM)}[$__range]))"
     )
     share = f"{over_range} / ignoring (aggressor) group_left sum({over_range})"
+    throttled_time, throttled_share = throttling_panels(VICTIM, cgroup=VICTIM)
     return (
         new_dashboard(
             UID,
             "tailsight / Root cause",
             "Why the victim cgroup's tail moved: its P99 with detected jumps, who displaced it, "
-            "and its syscall, TCP and migration series aligned in time.",
+            "its CPU throttling and stalls, and its syscall, TCP and migration series aligned "
+            "in time.",
         )
         .with_variable(label_variable("victim", m.CGROUP, m.RUNQUEUE_WAIT.count, "Victim cgroup"))
         .with_variable(window_variable(m.RUNQUEUE_WAIT))
@@ -90,6 +94,24 @@ def build() -> dash.Dashboard:
                 "percentunit",
                 "Each aggressor's share of all the wait it caused the victim over the time range.",
             )
+        )
+        .with_row(dash.Row("Its CPU limit and stalls"))
+        .with_panel(throttled_time)
+        .with_panel(throttled_share)
+        .with_panel(
+            timeseries_panel(
+                "Stall time of $victim and of the host (PSI some, s per s)",
+                [
+                    query(
+                        rate(m.PRESSURE_SOME, [m.RESOURCE], cgroup=VICTIM), "victim {{resource}}"
+                    ),
+                    query(rate(m.PRESSURE_HOST_SOME, [m.RESOURCE]), "host {{resource}}"),
+                ],
+                description="Pressure stall information: seconds per second in which at least "
+                "one task of the victim waited for a CPU (throttled time included), for memory "
+                "(reclaim, refaults, swap-in) or for IO (<cgroup>/<resource>.pressure, some), "
+                "beside the same for the whole host (/proc/pressure/<resource>).",
+            ).span(24)
         )
         .with_row(dash.Row("Its syscalls, TCP and migrations"))
         .with_panel(

@@ -119,3 +119,26 @@ def test_provisioning_points_at_the_generated_dashboards_and_a_prometheus() -> N
     assert source["type"] == "prometheus" and source["access"] == "proxy"
     # $__rate_interval = max(4 x timeInterval, step + timeInterval): it needs the scrape interval.
     assert re.fullmatch(r"\d+s", source["jsonData"]["timeInterval"])
+
+
+def test_throttling_and_stall_panels_name_the_limit_and_the_resource() -> None:
+    for name, subject in (("root-cause", 'cgroup="$victim"'), ("overview", 'cgroup=~"$cgroup"')):
+        targets = [(p, t) for p in panels(render(name)) for t in p["targets"]]
+        throttling = {
+            p["fieldConfig"]["defaults"]["unit"]: t
+            for p, t in targets
+            if "tailsight_throttle_" in t["expr"]
+        }
+        per_limit = "sum by (cgroup, cpu_max) (rate({}{{" + subject + "}}[$__rate_interval]))"
+        assert throttling["s"]["expr"] == per_limit.format(metrics.THROTTLE_THROTTLED_TIME)
+        assert throttling["percentunit"]["expr"] == " / ".join(
+            per_limit.format(counter)
+            for counter in (metrics.THROTTLE_THROTTLED_PERIODS, metrics.THROTTLE_PERIODS)
+        )
+        assert all("{{cpu_max}}" in t["legendFormat"] for t in throttling.values()), throttling
+        stalls = [t for _, t in targets if "tailsight_pressure_" in t["expr"]]
+        assert any(metrics.PRESSURE_SOME in t["expr"] and subject in t["expr"] for t in stalls)
+        assert any(metrics.PRESSURE_HOST_SOME in t["expr"] for t in stalls)
+        for target in stalls:
+            assert re.match(r"sum by \((cgroup, )?resource\)", target["expr"]), target
+            assert "{{resource}}" in target["legendFormat"], target
