@@ -28,7 +28,7 @@ merges the retransmitting cgroup's jumps into the incident.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -325,7 +325,7 @@ def find_causes(
         if name == CALLS and dict(key).get("cgroup") in symptoms
     )
     calls_floor = max(own_calls, MIN_NEIGHBOUR_CALLS)
-    throttled = _throttled_intervals(table, cgroups)
+    throttled = throttled_intervals(table.rows, cgroups)
     candidates: list[Cause] = []
     for (name, key), row in _with_known_peers(table.rows).items():
         labels = dict(key)
@@ -470,13 +470,14 @@ def _with_known_peers(
     return out
 
 
-def _throttled_intervals(
-    table: CounterTable, cgroups: Collection[str]
+def throttled_intervals(
+    rows: Mapping[tuple[str, tuple[tuple[str, str], ...]], npt.NDArray[np.float64]],
+    cgroups: Collection[str],
 ) -> dict[str, npt.NDArray[np.bool_]]:
     """Per cgroup of ``cgroups`` that a CPU limit (its own or an ancestor's) ever parked, in
-    which intervals it did."""
+    which intervals it did (from a range's counter rows)."""
     out: dict[str, npt.NDArray[np.bool_]] = {}
-    for (name, key), row in table.rows.items():
+    for (name, key), row in rows.items():
         if name != THROTTLED or not row.any():
             continue
         limited = dict(key).get("cgroup", "")

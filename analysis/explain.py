@@ -43,6 +43,7 @@ from tailsight.analysis.causes import (
     Cause,
     CounterTable,
     find_causes,
+    throttled_intervals,
 )
 from tailsight.analysis.jumps import (
     JumpConfig,
@@ -916,7 +917,14 @@ def _explain_one(
         top = next((s for s in decomposition.sources if s.effect > 0), None)
         focus = None if top is None else dict(top.source).get("cgroup")
     displacement = None
-    if probe == "runqueue" and focus is not None:
+    # Who ran while a CPU limit parked the victim displaced nothing: not named where the limit
+    # parked it in most intervals after the change (the incident names the limit).
+    parked = None if focus is None else throttled_intervals(stats.counters, [focus]).get(focus)
+    if (
+        probe == "runqueue"
+        and focus is not None
+        and not (parked is not None and parked[windows.after].mean() > 0.5)
+    ):
         displacement = displaced_by_rows(
             stats.counters, intervals, focus, windows, config.n_boot, config.seed, config.level
         )

@@ -94,6 +94,7 @@ def test_a_neighbour_running_while_the_victim_is_throttled_is_not_blamed() -> No
     causes = report.incidents[0].causes
     assert causes[0].kind == "throttling", report.render_text()
     assert not [c for c in causes if c.labels.get("aggressor") == "/neighbour"]
+    assert "/neighbour" not in report.render_text()  # nor in the wait's split by aggressor
 
 
 def idle_documents(seed: int = 0, steal: bool = False) -> list[HistDocument]:
