@@ -129,7 +129,7 @@ class ThrottleProbe:
                 raise ProbeError(f"throttle: {error}") from None
         if self._v1_root is None:
             self._v1_root = find_v1_mount("cpu", self._mounts_path)
-        v2_cpu = "cpu" in (read_file(f"{self._v2_root}/cgroup.controllers") or b"").split()
+        v2_cpu = b"cpu" in (read_file(f"{self._v2_root}/cgroup.controllers") or b"").split()
         if self._v1_root is None and not v2_cpu:
             raise ProbeError(
                 "throttle: no cpu controller, neither on cgroup v2 (cgroup.controllers) nor "
@@ -161,7 +161,7 @@ class ThrottleProbe:
         cfs_quota_us is set (matched to the v2 cgroup of the same path, else of a task's)."""
         assert self._v2_root is not None
         found: dict[str, _Limit] = {}
-        if "cpu" in (read_file(f"{self._v2_root}/cgroup.subtree_control") or b"").split():
+        if b"cpu" in (read_file(f"{self._v2_root}/cgroup.subtree_control") or b"").split():
             for path in walk_paths(self._v2_root):
                 text = read_file(f"{self._v2_root}{path}/cpu.max") if path != "/" else None
                 if text is not None and not text.startswith(b"max"):
