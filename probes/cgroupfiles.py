@@ -57,7 +57,7 @@ def key_values(text: bytes) -> dict[bytes, int]:
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(b" ")
-        if value.strip().lstrip(b"-").isdigit():
+        if value.strip().removeprefix(b"-").isdigit():  # one sign at most: int() takes no "--5"
             out[name] = int(value)
     return out
 
