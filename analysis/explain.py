@@ -800,31 +800,32 @@ def _timed(
     config: ExplainConfig,
 ) -> tuple[list[Cause], int | None]:
     """The causes, each that began more than LATE_INTERVALS after the symptom marked late
-    (``late_s``): a cause cannot start after its symptom. Unless the headline rose mostly when it
-    began (its change point found a smaller, earlier step): then the cause stands and the
-    incident is dated by it (returned, else None)."""
+    (``late_s``): a cause cannot start after its symptom. Where none began in time but the
+    headline rose mostly when the first late one began (its change point found a smaller,
+    earlier step), the incident is dated by that cause (returned, else None), and the causes are
+    timed against that date."""
     change = min(j.change_index for j in chosen)
     windows = Windows.around(change, intervals, config.window_intervals)
-    column = PLOT_QUANTILES.index(head.quantile) if head.quantile in PLOT_QUANTILES else 1
-    level = np.array([row[column] for row in head.interval_quantiles_ns], dtype=np.float64)
     starts = head.starts_ns
-    out: list[Cause] = []
-    dated_ns: int | None = None
+    onsets: list[int | None] = []  # where each began, if after the change (None: in time)
     for cause in causes:
-        if len(cause.values) != intervals:
-            out.append(cause)
-            continue
         row = np.asarray(cause.values, dtype=np.float64)
-        onset = step_onset(row, windows)
-        if not _quiet_until(row, windows, onset) or (
-            len(level) == intervals and _rose_mostly_at(level, windows, onset)
-        ):
-            if _quiet_until(row, windows, onset) and dated_ns is None:
-                dated_ns = starts[onset]
-            out.append(cause)
-            continue
-        out.append(replace(cause, late_s=(starts[onset] - starts[change]) / 1e9))
-    return out, dated_ns
+        onset = step_onset(row, windows) if len(row) == intervals else change
+        onsets.append(onset if _quiet_until(row, windows, onset) else None)
+    late = [onset for onset in onsets if onset is not None]
+    dated_ns = None
+    if late and len(late) == len(causes):
+        column = PLOT_QUANTILES.index(head.quantile) if head.quantile in PLOT_QUANTILES else 1
+        level = np.array([row[column] for row in head.interval_quantiles_ns], dtype=np.float64)
+        first = min(late)
+        if len(level) == intervals and _rose_mostly_at(level, windows, first):
+            dated_ns, change = starts[first], first
+    return [
+        cause
+        if onset is None or onset - change <= LATE_INTERVALS
+        else replace(cause, late_s=(starts[onset] - starts[change]) / 1e9)
+        for cause, onset in zip(causes, onsets, strict=True)
+    ], dated_ns
 
 
 def step_onset(row: npt.NDArray[np.float64], windows: Windows) -> int:
