@@ -201,3 +201,29 @@ def test_a_symptom_that_rose_mostly_with_a_later_cause_is_dated_by_it() -> None:
     assert "Likely cause: /trading waited for CPUs held by /hog" in " ".join(
         report.render_text().split()
     )
+
+
+def test_a_later_cause_beside_one_in_time_neither_redates_nor_leads() -> None:
+    """/hog displaces /trading from the change; /other's load comes 15 intervals later: the
+    incident stays dated at the change, /hog first, /other late."""
+    rng = np.random.default_rng(4)
+    documents = []
+    for t in range(75):
+        model = PARKED if t >= 30 else CALM
+        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, _hist(model, rng, 3000))]
+        counters = [
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (8e7 if t >= 30 else 1e5) / 8)), victim="/trading",
+                     aggressor="/hog"),
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
+                     aggressor="/other"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    incident = next(i for i in report.incidents if i.causes)
+    assert incident.dated_ns is None and abs(incident.headline.change_index - 30) <= 1
+    by_aggressor = {c.labels.get("aggressor"): c for c in incident.causes}
+    assert incident.causes[0].labels == {"aggressor": "/hog"}, report.render_text()
+    assert 13 <= by_aggressor["/other"].late_s <= 17
