@@ -24,6 +24,7 @@ from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH as DEFAULT_MOUNTS_PA
 from tailsight.collector.cgroups import find_cgroup2_mount as find_cgroup2_mount
 from tailsight.probes.btf import Btf, BtfError
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
+from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.host import FIX_ROOT as FIX_ROOT
 from tailsight.probes.host import Check as Check
 from tailsight.probes.host import Host as Host
@@ -63,6 +64,8 @@ FIX_AF_XDP = "kernel needs CONFIG_XDP_SOCKETS=y (feed falls back to UDP)"
 FIX_AF_XDP_PERMISSION = "run as root: AF_XDP sockets need CAP_NET_RAW"
 FIX_TP_BTF = "tp_btf needs Linux >= 5.5 and BTF; raw tracepoints work"
 FIX_BPF_STATS = "needs Linux >= 5.1 for the kernel.bpf_stats_enabled sysctl"
+FIX_CPU_CONTROLLER = "enable the cpu controller (no CPU limits without it)"
+FIX_PSI = "boot with CONFIG_PSI=y and psi=1"
 
 
 # -- individual checks ----------------------------------------------------------------------------
@@ -117,6 +120,38 @@ def check_cgroup2(host: Host) -> Check:
     except OSError as error:
         return Check("cgroup v2", False, f"{host.mounts_path}: {error.strerror}", FIX_CGROUP2, True)
     return Check("cgroup v2", True, str(mount), None, True)
+
+
+def check_cpu_controller(host: Host) -> Check:
+    """A cpu controller (cgroup v2, or v1 on hybrid hosts): the CPU limits ``throttle`` reads."""
+    name = "CPU limits"
+    try:
+        v2 = find_cgroup2_mount(host.mounts_path)
+        controllers = (v2 / "cgroup.controllers").read_text().split()
+    except OSError:
+        controllers = []
+    if "cpu" in controllers:
+        return Check(name, True, "cpu controller on cgroup v2 (cpu.max, cpu.stat)", None, False)
+    try:
+        v1 = find_v1_mount("cpu", host.mounts_path)
+    except OSError as error:
+        return Check(
+            name, False, f"{host.mounts_path}: {error.strerror}", FIX_CPU_CONTROLLER, False
+        )
+    if v1 is not None:
+        return Check(name, True, f"cpu controller on cgroup v1 at {v1}", None, False)
+    return Check(name, False, "no cpu controller on cgroup v2 or v1", FIX_CPU_CONTROLLER, False)
+
+
+def check_psi(host: Host) -> Check:
+    """Pressure stall information: what ``pressure`` reads."""
+    name = "PSI"
+    path = host.proc / "pressure" / "cpu"
+    try:
+        path.read_bytes()
+    except OSError as error:
+        return Check(name, False, f"{path}: {error.strerror}", FIX_PSI, False)
+    return Check(name, True, f"{path} and each cgroup's *.pressure", None, False)
 
 
 def check_af_xdp() -> Check:
@@ -263,6 +298,8 @@ def run_checks(
     finally:
         if bpf is not None:
             bpf.cleanup()
+    checks.append(check_cpu_controller(host))
+    checks.append(check_psi(host))
     checks.append(check_af_xdp())
     checks.append(check_bpf_stats(host))
     return checks

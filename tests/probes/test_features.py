@@ -25,7 +25,9 @@ from tailsight.probes.features import (
     check_btf,
     check_capabilities,
     check_cgroup2,
+    check_cpu_controller,
     check_kernel_headers,
+    check_psi,
     enable_bpf_stats,
     find_cgroup2_mount,
     run_checks,
@@ -139,6 +141,30 @@ def test_bpf_stats_missing_is_a_warning(tmp_path: Path) -> None:
     assert check.fix is not None
     _write(tmp_path / "sys" / "kernel" / "bpf_stats_enabled", "1\n")
     assert check_bpf_stats(Host(proc=tmp_path)).detail.startswith("kernel.bpf_stats_enabled=1")
+
+
+def test_cpu_limits_on_v2_or_v1_else_a_warning(tmp_path: Path) -> None:
+    mounts = tmp_path / "self" / "mounts"
+    v2 = tmp_path / "unified"
+    _write(mounts, f"cgroup2 {v2} cgroup2 rw 0 0\n")
+    _write(v2 / "cgroup.controllers", "memory io\n")
+    check = check_cpu_controller(Host(proc=tmp_path))
+    assert (check.ok, check.required, check.fix) == (False, False, features.FIX_CPU_CONTROLLER)
+    _write(mounts, f"cgroup2 {v2} cgroup2 rw 0 0\ncgroup /c/cpu cgroup rw,cpu 0 0\n")
+    assert (
+        check_cpu_controller(Host(proc=tmp_path)).detail == "cpu controller on cgroup v1 at /c/cpu"
+    )
+    _write(v2 / "cgroup.controllers", "cpu memory io\n")
+    assert check_cpu_controller(Host(proc=tmp_path)).detail.startswith(
+        "cpu controller on cgroup v2"
+    )
+
+
+def test_psi_missing_is_a_warning(tmp_path: Path) -> None:
+    check = check_psi(Host(proc=tmp_path))
+    assert (check.ok, check.required, check.fix) == (False, False, features.FIX_PSI)
+    _write(tmp_path / "pressure" / "cpu", "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n")
+    assert check_psi(Host(proc=tmp_path)).ok
 
 
 def test_unprivileged_fake_host_fails_without_touching_bpf(tmp_path: Path) -> None:
