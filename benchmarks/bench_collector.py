@@ -84,11 +84,11 @@ def tick_cost(
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
-    from tailsight.probes.catalog import PROBES
+    from tailsight.probes.catalog import BPF_PROBES
 
     ids = [os.stat(root / f"cg{n}").st_ino for n in range(cgroups)]
     config = CollectorConfig(top_k=20)
-    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBES)}
+    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(BPF_PROBES)}
     writer = RecordingWriter(record) if record is not None else None
     exporter = PrometheusExporter(config)
     agent = Agent(
@@ -242,14 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.probes.catalog import PROBES
+    from tailsight.probes.catalog import BPF_PROBES
 
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp) / "cgroup"
         for n in range(args.cgroups):
             (root / f"cg{n}").mkdir(parents=True)
-        probes = ", ".join(PROBES)
-        print(f"{args.cgroups} cgroups on each of {len(PROBES)} probes ({probes}), top-K 20")
+        probes = ", ".join(BPF_PROBES)
+        print(f"{args.cgroups} cgroups on each of {len(BPF_PROBES)} probes ({probes}), top-K 20")
         empty, _, _ = tick_cost(0, intervals, root, None)
         export_only, series, _ = tick_cost(args.cgroups, intervals, root, None)
         full, _, recorded = tick_cost(args.cgroups, intervals, root, Path(temp) / "rec")
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         # The scraped exporter holds what a running agent holds after a few intervals.
         exporter = PrometheusExporter(CollectorConfig(top_k=20))
         ids = [os.stat(root / f"cg{n}").st_ino for n in range(args.cgroups)]
-        fakes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBES)}
+        fakes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(BPF_PROBES)}
         agent = Agent(
             CollectorConfig(top_k=20),
             CgroupResolver(root),

@@ -27,12 +27,12 @@ def interval_documents(cgroups: int, intervals: int, root: Path) -> list[Any]:
     from tailsight.collector.agent import Agent
     from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
-    from tailsight.probes.catalog import PROBES
+    from tailsight.probes.catalog import BPF_PROBES
 
     for n in range(cgroups):
         (root / f"cg{n}").mkdir(parents=True, exist_ok=True)
     ids = [os.stat(root / f"cg{n}").st_ino for n in range(cgroups)]
-    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(PROBES)}
+    probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(BPF_PROBES)}
     agent = Agent(
         CollectorConfig(top_k=20),
         CgroupResolver(root),

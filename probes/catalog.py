@@ -21,6 +21,8 @@ PROBES: Final[dict[str, ProbeInfo]] = {
         pressure.INFO,
     )
 }
+BPF_PROBES: Final = tuple(name for name, info in PROBES.items() if not info.files)
+"""The probes that load BPF programs (the others read the kernel's per-cgroup files)."""
 PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
     name: info.tracepoints for name, info in PROBES.items()
 }

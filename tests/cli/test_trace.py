@@ -315,11 +315,12 @@ def test_unprivileged_serve_and_record_say_root_or_capabilities_once(
 
 
 def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) -> None:
-    """What serve and record get from every probe: the same clear error, before bcc runs."""
+    """What serve and record get from every BPF probe: the same clear error, before bcc runs
+    (the file probes read world-readable cgroup files and need no privilege)."""
     code = (
-        "from tailsight.probes.catalog import PROBES, create_probe\n"
+        "from tailsight.probes.catalog import BPF_PROBES, create_probe\n"
         "from tailsight.probes.loader import PrivilegeError\n"
-        "for name in PROBES:\n"
+        "for name in BPF_PROBES:\n"
         "    try:\n"
         "        create_probe(name).attach()\n"
         "    except PrivilegeError as error:\n"
