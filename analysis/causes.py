@@ -390,12 +390,12 @@ def find_causes(
         if name in THROTTLE_COUNTERS:
             continue  # periods: read with the throttled time above
         if name == PRESSURE_SOME:
-            kind = PRESSURE_CAUSES.get(labels.get("resource", ""))
-            cgroup = labels.get("cgroup", "")
+            stall = PRESSURE_CAUSES.get(labels.get("resource", ""))
+            stalled = labels.get("cgroup", "")
             rise_ns = after_row.mean() - before_row.mean()
-            if kind is not None and cgroup in cgroups and rise_ns >= STALL_FLOOR_NS:
+            if stall is not None and stalled in cgroups and rise_ns >= STALL_FLOOR_NS:
                 candidates.append(
-                    _rise_of_time(kind, cgroup, {}, row, (before_row, after_row), STALL_FLOOR_NS)
+                    _rise_of_time(stall, stalled, {}, row, (before_row, after_row), STALL_FLOOR_NS)
                 )
             continue
         if name == STEAL:
