@@ -9,14 +9,20 @@ the answer; top-1 / top-3 compare its ranked causes with the truth.
 Kinds (:data:`KINDS`): a CPU hog on the victim's CPU (sibling cgroup), packet loss on the victim's
 TCP connection (nftables ``numgen`` drop of the server's replies), forced CPU migrations of the
 victim (affinity flipping), a neighbour hammering syscalls on the victim's socket path (a unix
-datagram server both talk to), a second process in the victim's own cgroup stealing its CPU.
-Needs root, bcc and nftables; used by ``tests/analysis/test_rca_kernel.py`` and
-``benchmarks/bench_rca_accuracy.py``.
+datagram server both talk to), a second process in the victim's own cgroup stealing its CPU, the
+victim's own CPU quota cut to 20 % (CFS bandwidth throttling), and its memory limit cut under
+its page-cache working set (reclaim, refaults from disk, memory PSI). The last two set limits
+with :class:`ResourceLimit`: on hybrid hosts in a cgroup v1 group at the victim's v2 path, on
+pure v2 hosts in the v2 group itself; the kernel's own counters of the limit (``cpu.stat``,
+``memory.failcnt``, ``memory.pressure``) are read around the fault as its ground truth
+(:attr:`Injection.kernel_counters`). Needs root, bcc and nftables; used by
+``tests/analysis/test_rca_kernel.py`` and ``benchmarks/bench_rca_accuracy.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import subprocess
@@ -25,16 +31,26 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
 from tailsight.histfile import HistDocument
+from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns
 from tailsight.workload import Task, Workload, private_base, python_task, stop_process
 
-KINDS: Final = ("cpu_hog", "packet_loss", "migrations", "neighbour_syscalls", "own_cgroup")
+KINDS: Final = (
+    "cpu_hog",
+    "packet_loss",
+    "migrations",
+    "neighbour_syscalls",
+    "own_cgroup",
+    "cpu_throttle",
+    "memory_pressure",
+)
 QUIET: Final = "quiet"
 """No injection: the victim alone; a right report holds no incident of the victim."""
 STEAL_DISTURBED: Final = 0.01
@@ -57,6 +73,61 @@ VICTIM_LOOP: Final = (
 )
 VICTIM_CODE: Final = HIGH_PRIORITY + VICTIM_LOOP
 HOG_CODE: Final = HIGH_PRIORITY + "while True: pass\n"
+THROTTLE_QUOTA_US: Final = 20_000
+THROTTLE_PERIOD_US: Final = 100_000
+"""cpu_throttle's limit: 20 ms of CPU per 100 ms period, under the victim's ~50 %."""
+WORKING_SET_MIB: Final = 144
+"""memory_pressure: the file the victim keeps re-reading (its page-cache working set)."""
+MEMORY_LIMIT_MIB: Final = 128
+"""memory_pressure's limit, for the file's pages and the victim's ~14 MiB of its own: the file
+no longer fits, and what is evicted between two reads of a page (~30 MiB) is less than the
+active list (about half the limit), so the kernel takes the refaults for thrashing of a working
+set and counts their waits as memory stall (PSI). With a 256 MiB file the refaults came too
+late to count: PSI io (the disk reads) rose 2-7x more than PSI memory."""
+READY_TIMEOUT_S: Final = 60.0
+# cpu_throttle's victim: sleeps 1 ms, spins 1 ms, so it wants half a CPU.
+THROTTLED_VICTIM_CODE: Final = HIGH_PRIORITY + (
+    "import time\n"
+    "while True:\n"
+    "    time.sleep(0.001)\n"
+    "    end = time.perf_counter() + 0.001\n"
+    "    while time.perf_counter() < end: pass\n"
+)
+# memory_pressure's victim: once the file argv[3] exists (it then is in its memory cgroup), it
+# writes argv[4] MiB to the file argv[2] (page cache charged to it) and creates argv[3] +
+# ".ready". Then each round re-reads the next 512 KiB of the file and receives 64 KiB from a
+# socket pair into a private mapping of a random part of the file: the copy faults the file's
+# pages in inside recvfrom (netsyscall times it), from the page cache until the limit drops under
+# the working set, then one page at a time from the disk (MADV_RANDOM: no read-around, whose size
+# is the disk's read_ahead_kb: 8 MiB here, and 800 MiB/s of reads). The re-reads keep the file's
+# pages active, so that evicting them counts as thrashing. Its recvfrom P99 went 57-77 us ->
+# 4.5-4.9 ms (recorded, 4 runs). At nice 0, work of the machine's root cgroup on its CPU raised
+# its run-queue wait and the PSI memory it saw 5 s into the fault, and the incident was dated there.
+MEMORY_VICTIM_CODE: Final = HIGH_PRIORITY + (
+    "import mmap, os, random, socket, sys, time\n"
+    "path, go, size = sys.argv[2], sys.argv[3], int(sys.argv[4]) << 20\n"
+    "while not os.path.exists(go): time.sleep(0.01)\n"
+    "fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "block = b'w' * (1 << 20)\n"
+    "for _ in range(size >> 20): os.write(fd, block)\n"
+    "os.fsync(fd)\n"
+    "open(go + '.ready', 'w').close()\n"
+    "sender, receiver = socket.socketpair()\n"
+    "chunk, reread = 64 << 10, bytearray(512 << 10)\n"
+    "payload, offset = b'x' * chunk, 0\n"
+    "while True:\n"
+    "    time.sleep(0.001)\n"
+    "    offset = (offset + len(reread)) % size\n"
+    "    os.preadv(fd, [reread], offset)\n"
+    "    where = random.randrange(size // chunk) * chunk\n"
+    "    page = mmap.mmap(fd, chunk, mmap.MAP_PRIVATE, offset=where)\n"
+    "    page.madvise(mmap.MADV_RANDOM)\n"
+    "    sender.sendall(payload)\n"
+    "    view, got = memoryview(page), 0\n"
+    "    while got < chunk: got += receiver.recv_into(view[got:])\n"
+    "    view.release()\n"
+    "    page.close()\n"
+)
 # The migrations fault's steady neighbour: spins 7 ms, sleeps 1 ms. It shares its CPU with the
 # recorder; beside one that never slept, official CI twice saw the recorder stall for the whole
 # fault (cause not found: here a nice-0 sleeper beside it wakes within 4 ms). The gap leaves that
@@ -138,6 +209,10 @@ class Injection:
     """The cgroup where the cause shows: the hog's, the retransmitting end's, the victim's."""
     expected: tuple[str, ...]
     """Cause kinds (``analysis.causes``) that name the injected fault."""
+    kernel_counters: dict[str, int] = field(default_factory=dict)
+    """How far the kernel's own counters of a limit moved during the fault (cpu_throttle,
+    memory_pressure; :meth:`ResourceLimit.counters`): the fault's ground truth, read here and
+    not by the code under test."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +442,172 @@ def _nft_drop(port: int, percent: int) -> Iterator[None]:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
 
 
+# The ground truth's own parsers, apart from the probes' (throttle, pressure) that it checks.
+def _key_values(text: str) -> dict[str, int]:
+    """``cpu.stat``'s, ``memory.stat``'s, ``memory.events``' "name value" lines."""
+    pairs = (line.split() for line in text.splitlines())
+    return {p[0]: int(p[1]) for p in pairs if len(p) == 2 and p[1].lstrip("-").isdigit()}
+
+
+def _pressure_some_us(text: str) -> int:
+    """The "some" line's ``total=`` of a PSI file (µs)."""
+    for line in text.splitlines():
+        if line.startswith("some "):
+            return int(line.rpartition("total=")[2])
+    raise ValueError(f"no 'some' line in {text!r}")
+
+
+class ResourceLimit:
+    """A CPU or memory limit on one v2 cgroup of a :class:`Workload`, set and lifted at known
+    times, with the kernel's own counters of what the limit did.
+
+    Hybrid hosts (the controller on cgroup v1): a v1 group at the same path as the v2 one, made
+    here (the probes match the two by path), holding the group's tasks; closing lifts the limit
+    and removes the v1 groups made here, after moving any task still in them to the v1 root.
+    Pure v2 hosts: the v2 group itself, the controller enabled in each level above it (the host's
+    root must enable it); the v2 limit is ``cpu.max`` or ``memory.high``. Paths are relative to
+    the v2 mount ("/tailsight-test/123-rca-cpu_throttle/victim"); roots are passed in for tests.
+    """
+
+    def __init__(
+        self,
+        controller: str,
+        path: str,
+        v2_mount: Path | None = None,
+        v1_mount: Path | None = None,
+        mounts_path: Path | str = DEFAULT_MOUNTS_PATH,
+    ) -> None:
+        if controller not in ("cpu", "memory"):
+            raise ValueError(f"no limit of controller {controller!r}: cpu or memory")
+        self.controller = controller
+        self.parts = [part for part in path.split("/") if part]
+        self.v2_mount = v2_mount or find_cgroup2_mount(mounts_path)
+        self.v1_mount = v1_mount or find_v1_mount(controller, mounts_path)
+        if self.v1_mount is None:
+            enabled = (self.v2_mount / "cgroup.controllers").read_text().split()
+            if controller not in enabled:
+                raise RuntimeError(
+                    f"no {controller} controller: neither on cgroup v1 nor enabled at the "
+                    f"cgroup v2 root ({self.v2_mount}/cgroup.controllers: {' '.join(enabled)})"
+                )
+        self._created: list[Path] = []
+
+    @property
+    def v1(self) -> bool:
+        return self.v1_mount is not None
+
+    @property
+    def directory(self) -> Path:
+        """The group whose limit is set: the v1 group on hybrid hosts, else the v2 one."""
+        return (self.v1_mount or self.v2_mount).joinpath(*self.parts)
+
+    def place(self, pids: Iterable[int]) -> None:
+        """Put the tasks (already in the v2 group) under the controller, without a limit."""
+        if self.v1_mount is not None:
+            for n in range(1, len(self.parts) + 1):
+                level = self.v1_mount.joinpath(*self.parts[:n])
+                try:
+                    level.mkdir()
+                except FileExistsError:
+                    continue  # a level shared with a concurrent run
+                self._created.append(level)
+            for pid in pids:
+                (self.directory / "cgroup.procs").write_text(str(pid))
+        else:
+            for n in range(1, len(self.parts)):
+                level = self.v2_mount.joinpath(*self.parts[:n])
+                (level / "cgroup.subtree_control").write_text(f"+{self.controller}")
+        self.lift()
+
+    def limit_cpu(self, quota_us: int, period_us: int) -> None:
+        """At most ``quota_us`` of CPU time per ``period_us`` (CFS bandwidth control)."""
+        if self.v1:
+            self._write("cpu.cfs_period_us", str(period_us))
+            self._write("cpu.cfs_quota_us", str(quota_us))
+        else:
+            self._write("cpu.max", f"{quota_us} {period_us}")
+
+    def limit_memory(self, limit_bytes: int) -> None:
+        """Reclaim the group down to ``limit_bytes`` and keep it there."""
+        self._write("memory.limit_in_bytes" if self.v1 else "memory.high", str(limit_bytes))
+
+    def lift(self) -> None:
+        """No limit."""
+        if self.controller == "cpu":
+            self._write(*(("cpu.cfs_quota_us", "-1") if self.v1 else ("cpu.max", "max")))
+        else:
+            self._write(*(("memory.limit_in_bytes", "-1") if self.v1 else ("memory.high", "max")))
+
+    def counters(self) -> dict[str, int]:
+        """The kernel's counters of the limit, cumulative: for cpu ``nr_periods``,
+        ``nr_throttled`` and ``throttled_ns`` (``cpu.stat``); for memory ``limit_hits`` (v1
+        ``memory.failcnt``, v2 ``memory.events`` high), ``refaults`` (page-cache pages read
+        again after eviction, ``memory.stat``) and ``memory_stall_us`` (the v2 group's PSI
+        "some" total; on every v2 group, hybrid or not, where the kernel keeps PSI)."""
+        if self.controller == "cpu":
+            stat = _key_values(self._read("cpu.stat"))
+            throttled_ns = stat["throttled_time"] if self.v1 else 1000 * stat["throttled_usec"]
+            return {
+                "nr_periods": stat["nr_periods"],
+                "nr_throttled": stat["nr_throttled"],
+                "throttled_ns": throttled_ns,
+            }
+        memory = _key_values(self._read("memory.stat"))
+        if self.v1:
+            hits = int(self._read("memory.failcnt"))
+        else:
+            hits = _key_values(self._read("memory.events"))["high"]
+        counters = {"limit_hits": hits, "refaults": memory["workingset_refault_file"]}
+        with contextlib.suppress(OSError):  # a kernel without PSI
+            pressure = self.v2_mount.joinpath(*self.parts, "memory.pressure").read_text()
+            counters["memory_stall_us"] = _pressure_some_us(pressure)
+        return counters
+
+    def close(self) -> None:
+        """Lift the limit and remove the v1 groups made here; idempotent."""
+        if self.directory.exists():
+            with contextlib.suppress(OSError):
+                self.lift()
+        while self._created:
+            level = self._created.pop()
+            if level != self.directory:  # a level above it, maybe shared with a concurrent run
+                with contextlib.suppress(OSError):
+                    level.rmdir()
+                continue
+            assert self.v1_mount is not None
+            for pid in (level / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):  # exited meanwhile
+                    (self.v1_mount / "cgroup.procs").write_text(pid)
+            _rmdir_retrying(level)
+
+    def __enter__(self) -> ResourceLimit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, name: str, value: str) -> None:
+        (self.directory / name).write_text(value)
+
+    def _read(self, name: str) -> str:
+        return (self.directory / name).read_text()
+
+
+def _rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
+    # A killed task leaves its cgroup asynchronously after reaping: rmdir says EBUSY briefly.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            directory.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _flip_affinity(pids: Sequence[int], cpus: Sequence[int], stop: threading.Event) -> None:
     """Move the victim between CPUs every FLIP_S (each move is a forced migration)."""
     n = 0
@@ -389,6 +630,8 @@ def run_injection(
     base = private_base(f"rca-{kind}")
     port = 20_000 + os.getpid() % 20_000
     socket_path = str(directory.parent / f"rca-{os.getpid()}.sock")
+    data_path = str(directory.parent / f"rca-{os.getpid()}.data")
+    go_path = data_path + ".go"
     other = max(os.sched_getaffinity(0) - {CPU}, default=CPU)  # the CPU the victim is not on
     if kind == "packet_loss":
         tasks = [
@@ -412,16 +655,39 @@ def run_injection(
             _task("victim", VICTIM_LOOP, cpu=CPU),
             _task("background", NEIGHBOUR_CODE, cpu=other),
         ]
+    elif kind == "cpu_throttle":
+        tasks = [_task("victim", THROTTLED_VICTIM_CODE, cpu=CPU)]
+    elif kind == "memory_pressure":
+        if not _disk_backed(directory.parent):
+            raise RuntimeError(
+                f"memory_pressure needs its file on a disk, not in memory ({directory.parent} "
+                "is tmpfs or ramfs: its pages cannot be reclaimed without swap); set TMPDIR"
+            )
+        tasks = [
+            _task("victim", MEMORY_VICTIM_CODE, data_path, go_path, str(WORKING_SET_MIB), cpu=CPU)
+        ]
     else:
         tasks = [_task("victim", VICTIM_CODE, cpu=CPU)]
+    controller = {"cpu_throttle": "cpu", "memory_pressure": "memory"}.get(kind)
+    kernel_counters: dict[str, int] = {}
     with contextlib.ExitStack() as started:
         # Recording first, on a quiet machine: the probes compile in seconds (CI once saw a
         # recorder beside the migrations spinner write nothing in 300 s), and they see the TCP
         # connection established, so they can tell which cgroup holds its other end
         # (tcp_retransmits_to_peer). The workload's start-up (imports, connect) is left out.
         watch = started.enter_context(recording(directory))
-        load = started.enter_context(Workload(tasks, base=base))
+        load = Workload(tasks, base=base)
+        # Closed after the workload: the v1 groups are removed once their tasks are gone.
+        limit = None
+        if controller is not None:
+            limit = started.enter_context(ResourceLimit(controller, load.cgroup_path("victim")))
+        started.enter_context(load)
         victim = load.cgroup_path("client" if kind == "packet_loss" else "victim")
+        if limit is not None:
+            limit.place(load.pids("victim"))
+        if kind == "memory_pressure":
+            Path(go_path).touch()
+            _wait_ready(Path(go_path + ".ready"), load)
         time.sleep(SETTLE_S)
         settled_ns = time.time_ns()
         time.sleep(baseline_s)
@@ -447,6 +713,16 @@ def run_injection(
             finally:
                 stop.set()
                 flipper.join()
+        elif limit is not None:
+            before = limit.counters()
+            if kind == "cpu_throttle":
+                limit.limit_cpu(THROTTLE_QUOTA_US, THROTTLE_PERIOD_US)
+            else:
+                limit.limit_memory(MEMORY_LIMIT_MIB << 20)
+            time.sleep(fault_s)
+            after = limit.counters()
+            limit.lift()
+            kernel_counters = {name: after[name] - before[name] for name in after}
         elif kind == QUIET:
             time.sleep(fault_s)
         else:  # neighbour_syscalls
@@ -455,14 +731,17 @@ def run_injection(
             with Workload(flood, base=base) as neighbour:
                 culprit = neighbour.cgroup_path("neighbour")
                 time.sleep(fault_s)
-    for leftover in Path(socket_path).parent.glob(Path(socket_path).name + "*"):
-        leftover.unlink(missing_ok=True)
+    for scratch in (socket_path, data_path):
+        for leftover in Path(scratch).parent.glob(Path(scratch).name + "*"):
+            leftover.unlink(missing_ok=True)
     expected = {
         "cpu_hog": ("displacement",),
         "own_cgroup": ("displacement",),
         "packet_loss": ("retransmits", "retransmit_failures"),
         "migrations": ("migrations", "cross_node_migrations"),
         "neighbour_syscalls": ("neighbour_calls",),
+        "cpu_throttle": ("throttling",),
+        "memory_pressure": ("memory_pressure",),
         QUIET: (),
     }[kind]
     # The first interval of a recording holds, for the probe attached first, every event since
@@ -483,7 +762,31 @@ def run_injection(
         victim=victim,
         culprit=culprit,
         expected=expected,
+        kernel_counters=kernel_counters,
     )
+
+
+def _disk_backed(directory: Path) -> bool:
+    """Whether files in ``directory`` have their pages on a disk (not tmpfs or ramfs)."""
+    filesystem = subprocess.run(
+        ["stat", "--file-system", "--format", "%T", str(directory)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return filesystem.stdout.strip() not in ("tmpfs", "ramfs")
+
+
+def _wait_ready(marker: Path, load: Workload, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until a task of ``load`` has created ``marker`` (it has set up what it measures)."""
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        for _, process in load.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"task {process.args!r} exited ({process.returncode})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {marker} in {timeout_s} s")
+        time.sleep(0.05)
 
 
 def run_quiet(directory: Path, seconds: float) -> tuple[Injection, float]:
@@ -538,6 +841,11 @@ def _matches(cause: object, injection: Injection) -> bool:
         return cause.cgroup == injection.victim and cause.labels.get("aggressor") == (
             injection.culprit
         )
+    if cause.kind == "throttling":
+        # A limit on a parent throttles the victim with it.
+        return is_within(injection.victim, cause.cgroup)
+    if cause.kind == "memory_pressure":
+        return cause.cgroup == injection.victim
     if cause.kind.startswith("retransmit"):
         # Either end of the connection retransmits: the server its lost replies, the client its
         # requests whose acknowledgement was lost with them.

@@ -3,10 +3,12 @@ nftables): per fault kind, top-1 and top-3 cause and the time error of the incid
 quiet recordings (no injection) and how often a report names an incident of the victim there.
 
 Same-run baseline: the answer the report gave before causes across probes existed, i.e. only the
-run-queue aggressor of a jump of the victim (right for the CPU kinds, blind to the others).
+run-queue aggressor of a jump of the victim (right for the CPU hog kinds, blind to the others; a
+throttled victim waits behind nobody). The faults that set a limit print the kernel's own
+counters of it beside their score (cpu.stat, memory.failcnt, PSI): whether the fault bit.
 
 Each injection takes the shared heavy-test lock (/tmp/tailsight-heavy.lock) for itself only, so
-the full run (20 injections + quiet runs, about 15 minutes) never holds it for long.
+the full run (28 injections + quiet runs, about 20 minutes) never holds it for long.
 
     python benchmarks/bench_rca_accuracy.py            # 4 per kind + 5 quiet runs of 30 s
     python benchmarks/bench_rca_accuracy.py --quick    # 1 per kind + 1 quiet run of 16 s
@@ -24,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from tailsight.analysis.eval import Rate
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
@@ -65,9 +68,21 @@ def baseline_top1(report: Report, injection: Injection) -> bool:
     return False
 
 
-def one(kind: str, baseline_s: float, fault_s: float) -> tuple[Score, bool, float, str, float]:
-    """One injection (or quiet recording) scored; the last value is the largest share of the
-    recording one CPU lost to hypervisor steal (measured for quiet recordings only)."""
+class Run(NamedTuple):
+    """One injection (or quiet recording), scored."""
+
+    score: Score
+    baseline_top1: bool
+    explain_s: float
+    headline: str
+    steal_share: float
+    """The largest share of the recording one CPU lost to hypervisor steal (quiet ones only)."""
+    kernel_counters: dict[str, int]
+    """How far the kernel's counters of a limit moved during the fault (limit kinds only)."""
+
+
+def one(kind: str, baseline_s: float, fault_s: float) -> Run:
+    """One injection (or quiet recording) scored."""
     steal_share = 0.0
     with tempfile.TemporaryDirectory(prefix="rca-bench-") as scratch:
         with heavy_lock():
@@ -83,7 +98,14 @@ def one(kind: str, baseline_s: float, fault_s: float) -> tuple[Score, bool, floa
         # (until 3 Dec only those within 3 s of its midpoint did, as for injections).
         tolerance_s = math.inf if kind == QUIET else 3.0
         result = score(report, injection, tolerance_s=tolerance_s)
-        return result, baseline_top1(report, injection), explain_s, headline, steal_share
+        return Run(
+            result,
+            baseline_top1(report, injection),
+            explain_s,
+            headline,
+            steal_share,
+            injection.kernel_counters,
+        )
 
 
 def main() -> None:
@@ -96,15 +118,17 @@ def main() -> None:
     per_kind = 1 if args.quick else args.per_kind
     quiet_runs = 1 if args.quick else args.quiet_runs
     baseline_s, fault_s = (8.0, 8.0) if args.quick else (10.0, 10.0)
-    results: dict[str, list[tuple[Score, bool, float, str, float]]] = {k: [] for k in KINDS}
+    results: dict[str, list[Run]] = {k: [] for k in KINDS}
     for n in range(per_kind):
         for kind in KINDS:
-            result = one(kind, baseline_s, fault_s)
-            results[kind].append(result)
-            s = result[0]
+            run = one(kind, baseline_s, fault_s)
+            results[kind].append(run)
+            s = run.score
+            truth = " ".join(f"{name}={value}" for name, value in run.kernel_counters.items())
             print(
                 f"  [{n + 1}/{per_kind}] {kind:<19} found={s.found!s:<5} top1={s.top1!s:<5} "
-                f"top3={s.top3!s:<5} dt={s.time_error_s:+.2f}s  named: {s.named}",
+                f"top3={s.top3!s:<5} dt={s.time_error_s:+.2f}s  named: {s.named}"
+                + (f"\n      kernel, during the fault: {truth}" if truth else ""),
                 flush=True,
             )
     if per_kind:
@@ -112,7 +136,7 @@ def main() -> None:
     quiet_s = 16.0 if args.quick else args.quiet_s
     clean = any_incident = disturbed = 0
     for n in range(quiet_runs):
-        s, _, _, headline, steal_share = one(QUIET, quiet_s / 2, quiet_s / 2)
+        s, _, _, headline, steal_share, _ = one(QUIET, quiet_s / 2, quiet_s / 2)
         clean += not s.found
         any_incident += headline != "(no incident)"
         disturbed += steal_disturbed(s, steal_share)
@@ -130,7 +154,7 @@ def main() -> None:
 
 
 def table(
-    results: dict[str, list[tuple[Score, bool, float, str, float]]],
+    results: dict[str, list[Run]],
     per_kind: int,
     baseline_s: float,
     fault_s: float,
@@ -141,14 +165,14 @@ def table(
           f"{'|dt| median':>12} {'baseline top-1':>15} {'explain s':>10}")  # fmt: skip
     totals = [0, 0, 0, 0, 0]
     for kind, rows in results.items():
-        scores = [r[0] for r in rows]
+        scores = [r.score for r in rows]
         found = sum(s.found for s in scores)
         top1 = sum(s.top1 for s in scores)
         top3 = sum(s.top3 for s in scores)
-        base = sum(r[1] for r in rows)
+        base = sum(r.baseline_top1 for r in rows)
         errors = [abs(s.time_error_s) for s in scores if not math.isnan(s.time_error_s)]
         median = f"{statistics.median(errors):.2f} s" if errors else "-"
-        seconds = statistics.mean(r[2] for r in rows)
+        seconds = statistics.mean(r.explain_s for r in rows)
         print(f"  {kind:<19} {len(rows):>3} {found:>6} {top1:>6} {top3:>6} {median:>12} "
               f"{base:>15} {seconds:>10.1f}")  # fmt: skip
         for i, value in enumerate((len(rows), found, top1, top3, base)):

@@ -1,8 +1,9 @@
 """Root-cause accuracy, one quick injection of each kind into real cgroups, recorded with every
 probe by `tailsight record`: `explain` must put the injected fault first among the causes of the
 victim's incident, dated within a few intervals of the injection; and a quiet recording (the
-victim alone) must hold no incident of the victim. The benchmark
-(benchmarks/bench_rca_accuracy.py) repeats these for top-1/top-3 rates."""
+victim alone) must hold no incident of the victim. The faults that set a limit are first checked
+against the kernel's own counters of it. The benchmark (benchmarks/bench_rca_accuracy.py)
+repeats these for top-1/top-3 rates."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.inject import (
     INTERVAL_S,
     KINDS,
+    THROTTLE_PERIOD_US,
+    WORKING_SET_MIB,
+    Injection,
     RecorderStalled,
     run_injection,
     run_quiet,
@@ -22,6 +26,37 @@ from tailsight.analysis.inject import (
     steal_disturbed,
 )
 from tailsight.analysis.report_html import render_html
+from tailsight.probes.cgroupfiles import find_v1_mount
+from tailsight.workload import private_base
+
+FAULT_S = 8.0
+
+
+def fault_happened(injection: Injection) -> list[str]:
+    """What the kernel's own counters (read by the injection around the fault, not by the code
+    under test) say went wrong with a limit's fault: the limit did not bite, or its v1 groups
+    were left behind."""
+    counters = injection.kernel_counters
+    least: dict[str, float] = {}
+    if injection.kind == "cpu_throttle":
+        # Measured: every period throttled (80 of 80 in 8 s).
+        least = {"nr_throttled": 0.5 * FAULT_S * 1e6 / THROTTLE_PERIOD_US}
+    elif injection.kind == "memory_pressure":
+        # Measured in 8 s: 200-490k limit hits, 450-640k pages refaulted, 1.2-1.7 s of stall.
+        least = {"limit_hits": 1, "refaults": (WORKING_SET_MIB << 20) // 4096}
+        if "memory_stall_us" in counters:  # a kernel with PSI
+            least["memory_stall_us"] = 0.01 * FAULT_S * 1e6
+    wrong = [
+        f"{name} rose {counters.get(name, 0)}, not >= {n:.0f}"
+        for name, n in least.items()
+        if counters.get(name, 0) < n
+    ]
+    controller = {"cpu_throttle": "cpu", "memory_pressure": "memory"}.get(injection.kind)
+    v1 = None if controller is None else find_v1_mount(controller)
+    left = None if v1 is None else v1 / private_base(f"rca-{injection.kind}")
+    if left is not None and left.exists():
+        wrong.append(f"{left} was left behind")
+    return wrong
 
 
 @pytest.mark.kernel
@@ -36,13 +71,16 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
     # Each try is a new recording; explain must get one right: the injected fault first, dated
     # within a few intervals (bench_rca_accuracy.py reports the rates over many).
     # A recorder that stopped writing is a failed try too, with what its threads were doing.
+    # A limit that did not bite is no try: the injection is broken, and fails at once.
     tries = []
     for attempt in range(3):
         try:
-            injection = run_injection(kind, tmp_path / f"rec{attempt}", 8.0, 8.0)
+            injection = run_injection(kind, tmp_path / f"rec{attempt}", FAULT_S, FAULT_S)
         except RecorderStalled as stalled:
             tries.append(str(stalled))
             continue
+        wrong = fault_happened(injection)
+        assert not wrong, f"{kind}: {'; '.join(wrong)} ({injection.kernel_counters})"
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection)
         tries.append(f"{result}\n{report.render_text()}")
