@@ -13,6 +13,7 @@ paths differ, to the v2 cgroup of its first task (``/proc/PID/cgroup``).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
@@ -24,7 +25,12 @@ WATCHED_BUSIEST: Final = 32
 """The busiest cgroups of an interval (by the probes' events) whose files are read: what the
 exporter's top-K and ``explain`` look at, a bounded read on a host of thousands of cgroups."""
 RESCAN_INTERVALS: Final = 10
-"""Every this many reads the hierarchy is walked again for cgroups given a limit since."""
+"""Every this many reads the hierarchy is walked again for cgroups given a limit since, the walk
+spread over the reads until the next (over more of them: see WALKED_PER_READ)."""
+WALKED_PER_READ: Final = 48
+"""At most this many directories are walked per read: a directory costs ~20 µs to list and to
+test for a limit on cgroupfs (``benchmarks/bench_cgroup_files.py``), so a host of thousands of
+cgroups takes more reads per walk instead of ms more per read."""
 
 
 def find_v1_mount(controller: str, mounts_path: Path | str = DEFAULT_MOUNTS_PATH) -> Path | None:
@@ -72,20 +78,21 @@ def v2_path_of_task(pid: int, proc: Path | str = "/proc") -> str | None:
 
 
 def walk_paths(root: Path) -> Iterator[str]:
-    """Every cgroup path under a hierarchy's mount, "/" first; vanished dirs skipped."""
-    yield "/"
+    """Every cgroup path under a hierarchy's mount, "/" first; vanished dirs skipped. Each
+    directory is listed when the next path is asked for, so a walk taken a few paths at a time
+    lists as many directories as it yields (50 leaves under one parent cost 50 listings then
+    rather than at once)."""
     stack = [(str(root), "")]
     while stack:
         directory, relative = stack.pop()
+        yield relative or "/"
         try:
             entries = list(os.scandir(directory))
         except OSError:
             continue
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                path = f"{relative}/{entry.name}"
-                yield path
-                stack.append((entry.path, path))
+                stack.append((entry.path, f"{relative}/{entry.name}"))
 
 
 class WatchedCgroups:
@@ -145,11 +152,10 @@ class Increments:
     def since_last(self, key: Hashable, now: tuple[int, ...]) -> tuple[int, ...]:
         before = self._raw.get(key)
         self._raw[key] = (self.reads, now)
-        if before is None or before[0] != self.reads - 1:
+        if before is None or before[0] != self.reads - 1 or len(now) != len(before[1]):
             return (0,) * len(now)
-        if any(n < b for n, b in zip(now, before[1], strict=True)):  # a recreated group
-            return (0,) * len(now)
-        return tuple(n - b for n, b in zip(now, before[1], strict=True))
+        moved = tuple(map(operator.sub, now, before[1]))  # a fifth of what generators cost
+        return (0,) * len(now) if min(moved) < 0 else moved  # < 0: a recreated group
 
     def forget(self, gone: Callable[[Hashable], bool]) -> None:
         self._raw = {key: raw for key, raw in self._raw.items() if not gone(key)}

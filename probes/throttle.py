@@ -5,16 +5,19 @@ period (100 ms by default) is parked until the next one, even when its average u
 the limit: its tasks then wait on the run queue as if a neighbour held the CPU. The kernel counts
 it per cgroup in ``cpu.stat``: periods with runnable tasks (``nr_periods``), periods in which the
 quota ran out (``nr_throttled``) and the time throttled (v2 ``throttled_usec``, v1
-``throttled_time`` in ns). Read once per interval for every cgroup with a limit, and for the
-busiest ones and their ancestors (a limit set mid-run is seen from its first interval there);
-the limit is the ``cpu_max`` label, as v2 writes it ("20000 100000": 20 ms per 100 ms).
+``throttled_time`` in ns). Read once per interval for every cgroup with a limit (found by walks
+of the hierarchies, one begun every ``RESCAN_INTERVALS`` reads and spread over them, over more
+on a host of many cgroups), and for the busiest ones and their ancestors (a limit set mid-run
+is seen from its first interval there); the limit is the ``cpu_max`` label, as v2 writes it
+("20000 100000": 20 ms per 100 ms).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -22,6 +25,7 @@ from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.cgroupfiles import (
     RESCAN_INTERVALS,
+    WALKED_PER_READ,
     Increments,
     WatchedCgroups,
     find_v1_mount,
@@ -81,11 +85,15 @@ class _Limit:
             return None
         values = key_values(stat)
         if self.v1:
-            quota, period = read_file(f"{d}/cpu.cfs_quota_us"), read_file(f"{d}/cpu.cfs_period_us")
-            if quota is None or period is None:
+            quota = read_file(f"{d}/cpu.cfs_quota_us")
+            if quota is None:
                 return None
-            quota_us = int(quota)
-            limit = None if quota_us < 0 else f"{quota_us} {int(period)}"
+            limit = None
+            if int(quota) >= 0:  # the period matters only with a quota
+                period = read_file(f"{d}/cpu.cfs_period_us")
+                if period is None:
+                    return None
+                limit = f"{int(quota)} {int(period)}"
             throttled_ns = values.get(b"throttled_time", 0)
         else:
             text = read_file(f"{d}/cpu.max")
@@ -117,6 +125,11 @@ class ThrottleProbe:
         self._watched: WatchedCgroups | None = None
         self._allowed: set[int] | None = None
         self._limited: dict[str, _Limit] = {}  # v2 path -> where its limit is, found by a walk
+        self._walk: Iterator[tuple[str, _Limit] | None] | None = None  # the walk under way
+        self._found: dict[str, _Limit] = {}  # what it found so far
+        self._walked = self._walk_size = 0  # directories it visited so far, and the last one
+        self._walk_began = 0  # the read in which it began
+        self._where_of: dict[str, _Limit | None] = {}  # _where's answers, until a walk ends
         self._moved = Increments()  # by cgroup id
         self._totals: dict[tuple[int, str], list[int]] = {}  # (cgroup id, limit) -> counters
 
@@ -145,7 +158,14 @@ class ThrottleProbe:
             self._watched.watch(paths)
 
     def _where(self, path: str) -> _Limit | None:
-        """Where a v2 cgroup's limit lives: its own cpu.max, or a v1 group of the same path."""
+        """Where a v2 cgroup's limit lives: its own cpu.max, or a v1 group of the same path
+        (kept until the walk under way ends: two stats per watched cgroup and read saved)."""
+        if path in self._where_of:
+            return self._where_of[path]
+        where = self._where_of[path] = self._find_where(path)
+        return where
+
+    def _find_where(self, path: str) -> _Limit | None:
         assert self._v2_root is not None
         own = f"{self._v2_root}{path if path != '/' else ''}"
         if os.path.exists(f"{own}/cpu.max"):
@@ -156,37 +176,60 @@ class ThrottleProbe:
                 return _Limit(v1, v1=True)
         return None
 
-    def _rescan(self) -> None:
-        """Every cgroup with a limit now: v2 groups whose cpu.max has a quota, v1 groups whose
-        cfs_quota_us is set (matched to the v2 cgroup of the same path, else of a task's)."""
+    def _limits(self) -> Iterator[tuple[str, _Limit] | None]:
+        """A walk of the hierarchies, one item per directory: (v2 path, where its limit is) for
+        a cgroup with a limit now (a v2 cpu.max with a quota; a v1 cfs_quota_us set, matched to
+        the v2 cgroup of the same path, else of its first task's), else None."""
         assert self._v2_root is not None
-        found: dict[str, _Limit] = {}
         if b"cpu" in (read_file(f"{self._v2_root}/cgroup.subtree_control") or b"").split():
             for path in walk_paths(self._v2_root):
                 text = read_file(f"{self._v2_root}{path}/cpu.max") if path != "/" else None
-                if text is not None and not text.startswith(b"max"):
-                    found[path] = _Limit(f"{self._v2_root}{path}", v1=False)
+                limited = text is not None and not text.startswith(b"max")
+                yield (path, _Limit(f"{self._v2_root}{path}", v1=False)) if limited else None
         if self._v1_root is not None:
             for path in walk_paths(self._v1_root):
-                where = f"{self._v1_root}{path if path != '/' else ''}"
-                quota = read_file(f"{where}/cpu.cfs_quota_us")
-                if quota is None or int(quota) < 0:
-                    continue
-                v2_path: str | None = path
-                if not os.path.isdir(f"{self._v2_root}{path}"):
-                    procs = (read_file(f"{where}/cgroup.procs") or b"").split()
-                    v2_path = v2_path_of_task(int(procs[0]), self._proc) if procs else None
-                if v2_path is not None:
-                    found.setdefault(v2_path, _Limit(where, v1=True))
-        self._limited = found
+                yield self._v1_limit(path)
+
+    def _v1_limit(self, path: str) -> tuple[str, _Limit] | None:
+        where = f"{self._v1_root}{path if path != '/' else ''}"
+        quota = read_file(f"{where}/cpu.cfs_quota_us")
+        if quota is None or int(quota) < 0:
+            return None
+        v2_path: str | None = path
+        if not os.path.isdir(f"{self._v2_root}{path}"):
+            procs = (read_file(f"{where}/cgroup.procs") or b"").split()
+            v2_path = v2_path_of_task(int(procs[0]), self._proc) if procs else None
+        return None if v2_path is None else (v2_path, _Limit(where, v1=True))
+
+    def _walk_on(self, budget: int | None) -> None:
+        """Walk on for ``budget`` directories (None: to the end). Where a walk ends, the cgroups
+        it found with a limit replace those of the walk before, and the next one starts."""
+        if self._walk is None:
+            self._walk, self._found, self._walked = self._limits(), {}, 0
+            self._walk_began = self._moved.reads
+        visited = 0
+        for item in itertools.islice(self._walk, budget):
+            visited += 1
+            if item is not None:
+                self._found.setdefault(item[0], item[1])
+        self._walked += visited
+        if budget is None or visited < budget:
+            self._limited, self._walk_size, self._walk = self._found, self._walked, None
+            self._where_of.clear()
 
     def read(self) -> Snapshot:
         """Cumulative counters, per (cgroup, limit), since each cgroup was first read."""
         watched = self._watched
         if watched is None:
             raise ProbeError("throttle: not attached")
-        if self._moved.reads % RESCAN_INTERVALS == 0:
-            self._rescan()
+        reads = self._moved.reads
+        if reads == 0:  # the first read walks all at once
+            self._walk_on(None)
+        elif self._walk is not None or reads - self._walk_began >= RESCAN_INTERVALS:
+            # A walk every RESCAN_INTERVALS reads, spread over them (over more where it would
+            # walk more than WALKED_PER_READ directories per read).
+            share = -(-self._walk_size // RESCAN_INTERVALS)
+            self._walk_on(max(1, min(WALKED_PER_READ, share)))
         self._moved.next_read()
         wanted = {path: None for path in watched.with_ancestors(watched.busy)}
         wanted.update(dict.fromkeys(self._limited))
@@ -226,4 +269,4 @@ class ThrottleProbe:
             self._watched.forget(cgroup_ids)
 
     def close(self) -> None:
-        self._watched = None
+        self._watched, self._walk = None, None
