@@ -3,8 +3,10 @@ from label values, ``$__rate_interval`` at its minimum of 4 scrape intervals) ag
 Prometheus scraping a real ``tailsight serve`` while a workload exercises every probe.
 
 Each query must be valid; the kernel-side ones must return data, except the few this host cannot
-produce (listed in NO_DATA_HERE with the reason). The trading panels run against a second real
-exporter fed a replay document with known stage times, the ground truth for tick-to-trade.
+produce (listed in NO_DATA_HERE with the reason). The Root cause panels run with the victim as
+``$victim``, those of a cause it does not have with the cgroup that has it (THROTTLED_VICTIM).
+The trading panels run against a second real exporter fed a replay document with known stage
+times, the ground truth for tick-to-trade.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from dashboard_queries import QUOTED, expressions
-from dashboard_scenario import every_probe
+from dashboard_scenario import CPU_MAX, every_probe
 
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
@@ -50,6 +52,9 @@ NO_DATA_HERE = {
     m.TAIL_JUMP_P99_AFTER: "verdicts are not in /metrics yet",
     m.TAIL_JUMP_AGGRESSOR_SHARE: "verdicts are not in /metrics yet",
 }
+# Panels of CPU throttling: the victim has no CPU limit; they are checked with the scenario's
+# limited group as $victim, as a user would pick it.
+THROTTLED_VICTIM = {m.THROTTLE_PERIODS, m.THROTTLE_THROTTLED_PERIODS, m.THROTTLE_THROTTLED_TIME}
 # Known stamps of the replay document: stamp column k is STAGE_NS[k] after the previous one
 # (column 0 after the exchange's send, itself at the tick's intended time).
 STAGE_NS = (40_000, 3_000, 7_000, 2_000, 21_000, 12_000, 55_000)
@@ -142,10 +147,11 @@ def test_every_panel_query_against_a_real_prometheus(kernel_ready: None, tmp_pat
             start = time.time()
             time.sleep(RUN_S)
             end = time.time()
-            victim = workload.cgroup_path("victim")
-            _check_variables(prometheus, victim)
-            _check_every_query(prometheus, victim, start, end)
+            victim, limited = workload.cgroup_path("victim"), workload.cgroup_path("limited")
+            _check_variables(prometheus, victim, limited)
+            _check_every_query(prometheus, victim, limited, start, end)
             _check_ground_truth(prometheus, workload.cgroup_path("noisy"), victim, start, end)
+            _check_limits_and_stalls(prometheus, victim, limited, start, end)
     finally:
         stop.set()
         serve.terminate()
@@ -153,7 +159,7 @@ def test_every_panel_query_against_a_real_prometheus(kernel_ready: None, tmp_pat
         trading.close()
 
 
-def _check_variables(prometheus: Prometheus, victim: str) -> None:
+def _check_variables(prometheus: Prometheus, victim: str, limited: str) -> None:
     for name in BUILDERS:
         for variable in render(name)["templating"]["list"]:
             if variable["type"] != "query":
@@ -163,17 +169,19 @@ def _check_variables(prometheus: Prometheus, victim: str) -> None:
             ).groups()  # type: ignore[union-attr]
             values = prometheus.label_values(label, metric)
             if variable["name"] in ("victim", "cgroup"):
-                assert victim in values, (variable, values)
+                assert {victim, limited} <= set(values), (variable, values)
             if variable["name"] == "window":
                 assert QUANTILE_WINDOW in values, (name, variable, values)
 
 
-def _check_every_query(prometheus: Prometheus, victim: str, start: float, end: float) -> None:
+def _check_every_query(
+    prometheus: Prometheus, victim: str, limited: str, start: float, end: float
+) -> None:
     empty = []
     checked = 0
     for name in BUILDERS:
         for expr in expressions(render(name)):
-            filled = _fill(expr, victim)
+            filled = _fill(expr, limited if _names(expr) & THROTTLED_VICTIM else victim)
             assert "$" not in filled, filled
             result = _series(prometheus, filled, start, end)
             checked += 1
@@ -230,6 +238,39 @@ def _check_ground_truth(
         )
         (got,) = _last(_series(prometheus, _fill(panel_expr, victim), start, end)).values()
         assert (upper_ns - 5_000) / 1e9 < got <= upper_ns / 1e9, (stage, got, span_ns)
+
+
+def _check_limits_and_stalls(
+    prometheus: Prometheus, victim: str, limited: str, start: float, end: float
+) -> None:
+    # The limited spinner wants a whole CPU and may use 1 ms of every 100: throttled in every
+    # period, for nearly all of it (0.93 s per s measured alone on the 2-CPU test host), the
+    # limit in the cpu_max label.
+    series = f"cgroup={limited},cpu_max={CPU_MAX}"
+    share = _last(_series(prometheus, _fill(_root_cause(m.THROTTLE_PERIODS), limited), start, end))
+    assert set(share) == {series}, share
+    assert 0.5 < share[series] <= 1.0, share
+    throttled = _last(
+        _series(prometheus, _fill(_root_cause(m.THROTTLE_THROTTLED_TIME), limited), start, end)
+    )
+    assert set(throttled) == {series}, throttled
+    # Seconds per second on one CPU: at most 1, with room for the agent's reads (every 0.5 s)
+    # lagging the scrapes; not ms or µs.
+    assert 0.2 < throttled[series] <= 1.5, throttled
+    # The victim waits for its CPU behind the spinner: CPU stall time (PSI some), in seconds per
+    # second (at most 1: a share of the wall time). The host's beside it, every resource there
+    # (memory and io at about 0 here), the spinner's throttled waits in its CPU stall.
+    cpu = f"{m.RESOURCE}=cpu"
+    own = _last(_series(prometheus, _fill(_root_cause(m.PRESSURE_SOME), victim), start, end))
+    assert 1e-3 < own[cpu] <= 1.0, own
+    host = _last(_series(prometheus, _fill(_root_cause(m.PRESSURE_HOST_SOME), victim), start, end))
+    assert {f"{m.RESOURCE}={r}" for r in ("cpu", "memory", "io")} <= set(host), host
+    assert 1e-3 < host[cpu] <= 1.5, host
+
+
+def _root_cause(metric: str) -> str:
+    """The Root cause panel query on this metric."""
+    return next(e for e in expressions(render("root-cause")) if metric in e)
 
 
 def _displaced_by() -> str:
