@@ -100,9 +100,9 @@ THROTTLED_VICTIM_CODE: Final = HIGH_PRIORITY + (
 # pages in inside recvfrom (netsyscall times it), from the page cache until the limit drops under
 # the working set, then one page at a time from the disk (MADV_RANDOM: no read-around, whose size
 # is the disk's read_ahead_kb: 8 MiB here, and 800 MiB/s of reads). The re-reads keep the file's
-# pages active, so that evicting them counts as thrashing. Its recvfrom P99 went 57-77 us ->
-# 4.5-4.9 ms (recorded, 4 runs). At nice 0, work of the machine's root cgroup on its CPU raised
-# its run-queue wait and the PSI memory it saw 5 s into the fault, and the incident was dated there.
+# pages active, so that evicting them counts as thrashing. Its recvfrom P99 went 57-82 us ->
+# 4.0-5.1 ms (9 recordings). At nice 0 beside other load on its CPU, its run-queue wait rose with
+# that load 5 s into the fault, and explain dated the incident there (1 of 2 recordings).
 MEMORY_VICTIM_CODE: Final = HIGH_PRIORITY + (
     "import mmap, os, random, socket, sys, time\n"
     "path, go, size = sys.argv[2], sys.argv[3], int(sys.argv[4]) << 20\n"

@@ -72,6 +72,11 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
     # within a few intervals (bench_rca_accuracy.py reports the rates over many).
     # A recorder that stopped writing is a failed try too, with what its threads were doing.
     # A limit that did not bite is no try: the injection is broken, and fails at once.
+    # memory_pressure was named first in 7 of 11 recordings here (all dated within 0.3 s); the
+    # others led with the victim's run-queue wait behind kernel workers of the root cgroup (its
+    # reclaim yields to them at cond_resched; kblockd ran 19 ms per 2 s on its CPU; displaced
+    # 0 -> 11 ms per interval), with the root's own wait behind the victim, or with PSI io
+    # (refault reads count as io too: io rose 0.65-0.75x as much as memory, once 1.3x).
     tries = []
     for attempt in range(3):
         try:
