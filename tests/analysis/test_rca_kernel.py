@@ -42,7 +42,7 @@ def fault_happened(injection: Injection) -> list[str]:
         # Measured: every period throttled (80 of 80 in 8 s).
         least = {"nr_throttled": 0.5 * FAULT_S * 1e6 / THROTTLE_PERIOD_US}
     elif injection.kind == "memory_pressure":
-        # Measured in 8 s: 200-490k limit hits, 450-640k pages refaulted, 1.2-1.7 s of stall.
+        # Measured in 8 s: 240-340k limit hits, 510-640k pages refaulted, 0.7-1.4 s of stall.
         least = {"limit_hits": 1, "refaults": (WORKING_SET_MIB << 20) // 4096}
         if "memory_stall_us" in counters:  # a kernel with PSI
             least["memory_stall_us"] = 0.01 * FAULT_S * 1e6
