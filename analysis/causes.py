@@ -96,9 +96,10 @@ LATE_INTERVALS: Final = 3
 after it: a consequence, or the symptom's rise was dated early."""
 WAIT_FLOOR_NS: Final = 100_000.0  # smoothing of displaced wait ratios (0.1 ms per interval)
 STEAL_FLOOR_NS: Final = 10_000_000.0  # smoothing of steal ratios (one 10 ms tick per interval)
-STALL_FLOOR_NS: Final = 1_000_000.0
-"""Throttled or stalled time per interval that must be added to make a candidate (a rise of
-microseconds explains no tail), and the smoothing of its ratio."""
+MIN_STALL_NS: Final = 1_000_000.0
+"""Throttled or stalled time per interval that must be added to make a candidate: a rise of
+microseconds explains no tail. Their ratios are smoothed as displaced wait's (WAIT_FLOOR_NS), so
+that a stall and a displacement of the same cgroup rank by one measure."""
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ def find_causes(
         if name == THROTTLED:
             limited = labels.get("cgroup", "")
             throttles = sorted(c for c in cgroups if is_within(c, limited))
-            if throttles and after_row.mean() - before_row.mean() >= STALL_FLOOR_NS:
+            if throttles and after_row.mean() - before_row.mean() >= MIN_STALL_NS:
                 counts = {
                     counter: float(table.rows.get((counter, key), row)[windows.after].mean())
                     for counter in (PERIODS, THROTTLED_PERIODS)
@@ -383,7 +384,7 @@ def find_causes(
                         detail,
                         row,
                         (before_row, after_row),
-                        STALL_FLOOR_NS,
+                        WAIT_FLOOR_NS,
                     )
                 )
             continue
@@ -393,9 +394,9 @@ def find_causes(
             stall = PRESSURE_CAUSES.get(labels.get("resource", ""))
             stalled = labels.get("cgroup", "")
             rise_ns = after_row.mean() - before_row.mean()
-            if stall is not None and stalled in cgroups and rise_ns >= STALL_FLOOR_NS:
+            if stall is not None and stalled in cgroups and rise_ns >= MIN_STALL_NS:
                 candidates.append(
-                    _rise_of_time(stall, stalled, {}, row, (before_row, after_row), STALL_FLOOR_NS)
+                    _rise_of_time(stall, stalled, {}, row, (before_row, after_row), WAIT_FLOOR_NS)
                 )
             continue
         if name == STEAL:

@@ -40,6 +40,7 @@ from tailsight.analysis.causes import (
     IDLE_CPU,
     LATE_INTERVALS,
     OTHER_END,
+    PRESSURE_CAUSES,
     Cause,
     CounterTable,
     find_causes,
@@ -776,10 +777,14 @@ def _incident(
         for c in causes
         if c.kind == "throttling" and any(is_within(m, c.cgroup) for m in mine)
     }
+    # Pages read back after reclaim count as io stalls too: where memory stalled as well, the
+    # io stall is its consequence.
+    reclaiming = {c.cgroup for c in causes if c.kind == PRESSURE_CAUSES["memory"]}
     causes.sort(
         key=lambda c: (
             bool(c.late_s),
             id(c) not in parked,
+            c.kind == PRESSURE_CAUSES["io"] and c.cgroup in reclaiming,
             c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
             (c.kind == "steal") != stolen,
             not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),

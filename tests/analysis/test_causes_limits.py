@@ -227,3 +227,30 @@ def test_a_later_cause_beside_one_in_time_neither_redates_nor_leads() -> None:
     by_aggressor = {c.labels.get("aggressor"): c for c in incident.causes}
     assert incident.causes[0].labels == {"aggressor": "/hog"}, report.render_text()
     assert 13 <= by_aggressor["/other"].late_s <= 17
+
+
+def test_io_stalls_beside_memory_stalls_are_its_consequence() -> None:
+    """Pages read back after reclaim stall on io too, here more than on memory: memory first."""
+    rng = np.random.default_rng(5)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "netsyscall", "cgroup": "/feed", "syscall": "recvfrom"},
+                   _hist(PARKED if late else CALM, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (6e7 if late else 1e5) / 8)),
+                     cgroup="/feed", resource="memory"),
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                     cgroup="/feed", resource="io"),
+            # Kernel workers run on its CPU meanwhile: a small displacement, after the stalls.
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (1e7 if late else 1e4) / 8)), victim="/feed", aggressor="/"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    kinds = [c.kind for c in report.incidents[0].causes]
+    assert kinds[0] == "memory_pressure", report.render_text()
+    assert sorted(kinds) == ["displacement", "io_pressure", "memory_pressure"]
