@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, normalize
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, normalize
+from tailsight.probes.loader import ProbeError
 
 WATCHED_BUSIEST: Final = 32
 """The busiest cgroups of an interval (by the probes' events) whose files are read: what the
@@ -159,3 +160,56 @@ class Increments:
 
     def forget(self, gone: Callable[[Hashable], bool]) -> None:
         self._raw = {key: raw for key, raw in self._raw.items() if not gone(key)}
+
+
+class FileProbe:
+    """What the file probes share: the cgroup v2 hierarchy found at attach, the cgroups to read
+    (:class:`WatchedCgroups`), the cgroup filter; no BPF program."""
+
+    name: str
+    attach_mode = "cgroupfs"
+
+    def __init__(self, v2_root: Path | str | None, mounts_path: Path | str) -> None:
+        self._v2_root = None if v2_root is None else Path(v2_root)
+        self._mounts_path = mounts_path
+        self._watched: WatchedCgroups | None = None
+        self._allowed: set[int] | None = None
+
+    def _find_v2_root(self) -> Path:
+        """The v2 hierarchy (given, or found); ProbeError naming the probe where there is none."""
+        if self._v2_root is None:
+            try:
+                self._v2_root = find_cgroup2_mount(self._mounts_path)
+            except FileNotFoundError as error:
+                raise ProbeError(f"{self.name}: {error}") from None
+        return self._v2_root
+
+    def _start_watching(self) -> None:
+        """The last step of ``attach``: from now on ``read`` works."""
+        self._watched = WatchedCgroups(self._find_v2_root())
+        self._watched.allowed = self._allowed
+
+    def _attached(self) -> WatchedCgroups:
+        if self._watched is None:
+            raise ProbeError(f"{self.name}: not attached")
+        return self._watched
+
+    def watch(self, paths: Iterable[str]) -> None:
+        """The busiest cgroups of the last interval, busiest first (the agent's, each interval)."""
+        if self._watched is not None:
+            self._watched.watch(paths)
+
+    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
+        self._allowed = None if cgroup_ids is None else set(cgroup_ids)
+        if self._watched is not None:
+            self._watched.allowed = self._allowed
+
+    def program_fds(self) -> Mapping[str, int]:
+        return {}
+
+    def forget(self, cgroup_ids: set[int]) -> None:
+        if self._watched is not None:
+            self._watched.forget(cgroup_ids)
+
+    def close(self) -> None:
+        self._watched = None

@@ -10,13 +10,12 @@ busiest cgroups (and their ancestors, whose stalls include their children's) and
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
-from tailsight.probes.cgroupfiles import Increments, WatchedCgroups, read_file
+from tailsight.probes.cgroupfiles import FileProbe, Increments, read_file
 from tailsight.probes.loader import ProbeError
 
 PROBE_NAME: Final = "pressure"
@@ -55,11 +54,10 @@ def parse_pressure(text: bytes) -> tuple[int, int] | None:
     return None if some is None else (some, full or 0)
 
 
-class PressureProbe:
+class PressureProbe(FileProbe):
     """Reads PSI stall time of the busiest cgroups and of the host (see the module docstring)."""
 
     name = PROBE_NAME
-    attach_mode = "cgroupfs"
 
     def __init__(
         self,
@@ -67,33 +65,21 @@ class PressureProbe:
         proc: Path | str = "/proc",
         mounts_path: Path | str = DEFAULT_MOUNTS_PATH,
     ) -> None:
-        self._v2_root = None if v2_root is None else Path(v2_root)
-        self._proc, self._mounts_path = Path(proc), mounts_path
-        self._watched: WatchedCgroups | None = None
-        self._allowed: set[int] | None = None
+        super().__init__(v2_root, mounts_path)
+        self._proc = Path(proc)
         # (cgroup id, or None for the host; resource) -> (some, full) since first read
         self._moved = Increments()
         self._totals: dict[tuple[int | None, str], list[int]] = {}
 
     def attach(self) -> None:
         """ProbeError where the kernel keeps no pressure information (``psi=0``)."""
-        if self._v2_root is None:
-            try:
-                self._v2_root = find_cgroup2_mount(self._mounts_path)
-            except FileNotFoundError as error:
-                raise ProbeError(f"pressure: {error}") from None
+        self._find_v2_root()
         if read_file(f"{self._proc}/pressure/cpu") is None:
             raise ProbeError(
                 f"pressure: {self._proc}/pressure/cpu cannot be read: the kernel keeps no "
                 "pressure stall information (CONFIG_PSI off, or booted with psi=0)"
             )
-        self._watched = WatchedCgroups(self._v2_root)
-        self._watched.allowed = self._allowed
-
-    def watch(self, paths: Iterable[str]) -> None:
-        """The busiest cgroups of the last interval, busiest first."""
-        if self._watched is not None:
-            self._watched.watch(paths)
+        self._start_watching()
 
     def _add(self, key: tuple[int | None, str], now: tuple[int, int]) -> None:
         total = self._totals.setdefault(key, [0, 0])
@@ -102,9 +88,7 @@ class PressureProbe:
 
     def read(self) -> Snapshot:
         """Cumulative stall time per (cgroup, resource) and host-wide, since first read."""
-        watched = self._watched
-        if watched is None:
-            raise ProbeError("pressure: not attached")
+        watched = self._attached()
         self._moved.next_read()
         for resource in RESOURCES:
             text = read_file(f"{self._proc}/pressure/{resource}")
@@ -134,19 +118,7 @@ class PressureProbe:
                 counters[(FULL, key)] = full
         return Snapshot(PROBE_NAME, time.time_ns(), {}, counters)
 
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        self._allowed = None if cgroup_ids is None else set(cgroup_ids)
-        if self._watched is not None:
-            self._watched.allowed = self._allowed
-
-    def program_fds(self) -> Mapping[str, int]:
-        return {}
-
     def forget(self, cgroup_ids: set[int]) -> None:
         self._totals = {k: v for k, v in self._totals.items() if k[0] not in cgroup_ids}
         self._moved.forget(lambda key: isinstance(key, tuple) and key[0] in cgroup_ids)
-        if self._watched is not None:
-            self._watched.forget(cgroup_ids)
-
-    def close(self) -> None:
-        self._watched = None
+        super().forget(cgroup_ids)

@@ -17,17 +17,17 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount
+from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.cgroupfiles import (
     RESCAN_INTERVALS,
     WALKED_PER_READ,
+    FileProbe,
     Increments,
-    WatchedCgroups,
     find_v1_mount,
     key_values,
     read_file,
@@ -106,11 +106,10 @@ class _Limit:
         return limit, counts
 
 
-class ThrottleProbe:
+class ThrottleProbe(FileProbe):
     """Reads the throttling counters of cgroups with a CPU limit (see the module docstring)."""
 
     name = PROBE_NAME
-    attach_mode = "cgroupfs"
 
     def __init__(
         self,
@@ -119,11 +118,9 @@ class ThrottleProbe:
         mounts_path: Path | str = DEFAULT_MOUNTS_PATH,
         proc: Path | str = "/proc",
     ) -> None:
-        self._v2_root = None if v2_root is None else Path(v2_root)
+        super().__init__(v2_root, mounts_path)
         self._v1_root = None if v1_cpu_root is None else Path(v1_cpu_root)
-        self._mounts_path, self._proc = mounts_path, proc
-        self._watched: WatchedCgroups | None = None
-        self._allowed: set[int] | None = None
+        self._proc = proc
         self._limited: dict[str, _Limit] = {}  # v2 path -> where its limit is, found by a walk
         self._walk: Iterator[tuple[str, _Limit] | None] | None = None  # the walk under way
         self._found: dict[str, _Limit] = {}  # what it found so far
@@ -135,27 +132,16 @@ class ThrottleProbe:
 
     def attach(self) -> None:
         """Find the hierarchies; ProbeError where no cpu controller is mounted."""
-        if self._v2_root is None:
-            try:
-                self._v2_root = find_cgroup2_mount(self._mounts_path)
-            except FileNotFoundError as error:
-                raise ProbeError(f"throttle: {error}") from None
+        v2_root = self._find_v2_root()
         if self._v1_root is None:
             self._v1_root = find_v1_mount("cpu", self._mounts_path)
-        v2_cpu = b"cpu" in (read_file(f"{self._v2_root}/cgroup.controllers") or b"").split()
+        v2_cpu = b"cpu" in (read_file(f"{v2_root}/cgroup.controllers") or b"").split()
         if self._v1_root is None and not v2_cpu:
             raise ProbeError(
                 "throttle: no cpu controller, neither on cgroup v2 (cgroup.controllers) nor "
                 "mounted on v1: there is no CPU limit to be throttled by"
             )
-        self._watched = WatchedCgroups(self._v2_root)
-        self._watched.allowed = self._allowed
-
-    def watch(self, paths: Iterable[str]) -> None:
-        """The busiest cgroups of the last interval, busiest first (their limits are read every
-        interval, set or not, so a limit set mid-run counts from its first period)."""
-        if self._watched is not None:
-            self._watched.watch(paths)
+        self._start_watching()
 
     def _where(self, path: str) -> _Limit | None:
         """Where a v2 cgroup's limit lives: its own cpu.max, or a v1 group of the same path
@@ -219,9 +205,7 @@ class ThrottleProbe:
 
     def read(self) -> Snapshot:
         """Cumulative counters, per (cgroup, limit), since each cgroup was first read."""
-        watched = self._watched
-        if watched is None:
-            raise ProbeError("throttle: not attached")
+        watched = self._attached()
         reads = self._moved.reads
         if reads == 0:  # the first read walks all at once
             self._walk_on(None)
@@ -254,19 +238,11 @@ class ThrottleProbe:
                 counters[(name, key)] = value
         return Snapshot(PROBE_NAME, time.time_ns(), {}, counters)
 
-    def set_cgroup_filter(self, cgroup_ids: Iterable[int] | None) -> None:
-        self._allowed = None if cgroup_ids is None else set(cgroup_ids)
-        if self._watched is not None:
-            self._watched.allowed = self._allowed
-
-    def program_fds(self) -> Mapping[str, int]:
-        return {}
-
     def forget(self, cgroup_ids: set[int]) -> None:
         self._moved.forget(lambda key: key in cgroup_ids)
         self._totals = {k: v for k, v in self._totals.items() if k[0] not in cgroup_ids}
-        if self._watched is not None:
-            self._watched.forget(cgroup_ids)
+        super().forget(cgroup_ids)
 
     def close(self) -> None:
-        self._watched, self._walk = None, None
+        super().close()
+        self._walk = None
