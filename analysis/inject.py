@@ -22,7 +22,6 @@ pure v2 hosts in the v2 group itself; the kernel's own counters of the limit (``
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import subprocess
@@ -40,7 +39,14 @@ from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount,
 from tailsight.histfile import HistDocument
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns
-from tailsight.workload import Task, Workload, private_base, python_task, stop_process
+from tailsight.workload import (
+    Task,
+    Workload,
+    private_base,
+    python_task,
+    rmdir_retrying,
+    stop_process,
+)
 
 KINDS: Final = (
     "cpu_hog",
@@ -578,7 +584,7 @@ class ResourceLimit:
             for pid in (level / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):  # exited meanwhile
                     (self.v1_mount / "cgroup.procs").write_text(pid)
-            _rmdir_retrying(level)
+            rmdir_retrying(level)
 
     def __enter__(self) -> ResourceLimit:
         return self
@@ -591,21 +597,6 @@ class ResourceLimit:
 
     def _read(self, name: str) -> str:
         return (self.directory / name).read_text()
-
-
-def _rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
-    # A killed task leaves its cgroup asynchronously after reaping: rmdir says EBUSY briefly.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            directory.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            if error.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def _flip_affinity(pids: Sequence[int], cpus: Sequence[int], stop: threading.Event) -> None:

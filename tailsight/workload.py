@@ -184,7 +184,7 @@ class Workload:
         while self._created:
             directory = self._created.pop()
             if directory.parent == self.mount.joinpath(*self.base.split("/")):
-                _rmdir_retrying(directory)
+                rmdir_retrying(directory)
             else:
                 with contextlib.suppress(OSError):  # a base shared with a concurrent workload
                     directory.rmdir()
@@ -239,8 +239,9 @@ def _wait_placed(
         time.sleep(0.001)
 
 
-def _rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
-    # A killed task leaves its cgroup asynchronously after reaping: rmdir says EBUSY briefly.
+def rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
+    """Remove a cgroup directory (gone already: fine). A killed task leaves its cgroup
+    asynchronously after reaping: rmdir says EBUSY briefly."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -6,7 +6,6 @@ the probe's reads."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import time
@@ -21,7 +20,7 @@ from tailsight.probes.base import Snapshot
 from tailsight.probes.cgroupfiles import RESCAN_INTERVALS, WALKED_PER_READ, find_v1_mount, read_file
 from tailsight.probes.loader import ProbeError
 from tailsight.probes.throttle import COUNTERS, LIMIT_LABEL, ThrottleProbe, cpu_max_text
-from tailsight.workload import Task, Workload, default_cpu, private_base
+from tailsight.workload import Task, Workload, default_cpu, private_base, rmdir_retrying
 
 Counts = tuple[int, int, int]  # (periods, throttled periods, throttled ns)
 
@@ -343,21 +342,6 @@ def v1_cpu_root() -> Path:
     if "cpu" in (find_cgroup2_mount() / "cgroup.controllers").read_text().split():
         pytest.skip("kernel: the cpu controller is on cgroup v2 here, not on v1")
     return root
-
-
-def rmdir_retrying(directory: Path, timeout_s: float = 2.0) -> None:
-    """A killed task leaves its cgroup after it is reaped, asynchronously: EBUSY for a while."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            directory.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            if error.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 @contextlib.contextmanager
