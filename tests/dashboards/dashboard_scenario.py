@@ -16,15 +16,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from tailsight.workload import Task, Workload, default_cpu, python_task
+from tailsight.probes.cgroupfiles import find_v1_mount
+from tailsight.workload import Task, Workload, default_cpu, python_task, rmdir_retrying
 
 CPU_MAX: Final = "1000 100000"  # quota and period in µs, as cgroup v2's cpu.max writes them
-MOUNTS: Final = Path("/proc/self/mounts")
 
 VICTIM_CODE = """
 import os, socket, threading, time
@@ -100,7 +99,7 @@ def limit_cpu(workload: Workload, group: str, cpu_max: str, v1_created: list[Pat
                 (level / "cgroup.subtree_control").write_text("+cpu")
         (levels[-1] / "cpu.max").write_text(cpu_max)
         return
-    v1_mount = v1_cpu_mount()
+    v1_mount = find_v1_mount("cpu")
     if v1_mount is None:
         raise RuntimeError("no cpu controller, on cgroup v2 or v1: cannot limit a group's CPU")
     directory = v1_mount
@@ -122,28 +121,16 @@ def _words(path: Path) -> list[str]:
     return path.read_text().split()
 
 
-def v1_cpu_mount(mounts: Path = MOUNTS) -> Path | None:
-    """Where the v1 cpu controller is mounted ("/sys/fs/cgroup/cpu" or "…/cpu,cpuacct")."""
-    for line in mounts.read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
-            return Path(fields[1])
-    return None
-
-
-def _rmdir(directory: Path, shared: bool, timeout_s: float = 2.0) -> None:
-    """Remove a group of ours; a killed task leaves it asynchronously (EBUSY a while). A level
-    above the leaf may hold a concurrent test's groups: left to it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            directory.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            if shared and error.errno in (errno.EBUSY, errno.ENOTEMPTY):
-                return
-            if error.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+def _rmdir(directory: Path, shared: bool) -> None:
+    """Remove a group of ours (a killed task leaves it asynchronously). A level above the leaf
+    may hold a concurrent test's groups: left to it."""
+    if not shared:
+        rmdir_retrying(directory)
+        return
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        if error.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+            raise
