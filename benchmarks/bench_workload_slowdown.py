@@ -119,10 +119,11 @@ def _two_processes(cpus: tuple[int, int], sides: list[Callable[[], int]]) -> int
 
 
 def attach_all() -> list[Any]:
-    from tailsight.probes.catalog import PROBES, create_probe
+    """The probes with BPF programs (the file probes add nothing in the kernel)."""
+    from tailsight.probes.catalog import BPF_PROBES, create_probe
 
     probes = []
-    for name in PROBES:
+    for name in BPF_PROBES:
         probe = create_probe(name)
         probe.attach()
         probes.append(probe)
