@@ -780,11 +780,16 @@ def _incident(
     # Pages read back after reclaim count as io stalls too: where memory stalled as well, the
     # io stall is its consequence.
     reclaiming = {c.cgroup for c in causes if c.kind == PRESSURE_CAUSES["memory"]}
+    # The kernel's own threads (kswapd, the writeback and I/O workers: cgroup /) run when a
+    # cgroup stalls on memory or io: their displacement of a stalled cgroup is the stall's
+    # consequence, not a neighbour's doing.
+    stalled = {c.cgroup for c in causes if c.kind in PRESSURE_CAUSES.values()}
     causes.sort(
         key=lambda c: (
             bool(c.late_s),
             id(c) not in parked,
             c.kind == PRESSURE_CAUSES["io"] and c.cgroup in reclaiming,
+            c.kind == "displacement" and c.labels.get("aggressor") == "/" and c.cgroup in stalled,
             c.kind == COUNTER_CAUSES[ERRORS] and c.cgroup in starved,
             (c.kind == "steal") != stolen,
             not (not waiting and c.kind in LINKED and c.labels.get(OTHER_END) in mine),

@@ -186,10 +186,13 @@ class Agent:
         """Read every probe and emit the interval since the last tick (or since ``start``)."""
         began_cpu = time.process_time()
         document = HistDocument(start_ns=self.last_end_ns, end_ns=self.last_end_ns)
+        busiest: list[str] | None = None
         for name, entry in self.attached.items():
             watch = getattr(entry.probe, "watch", None)
             if watch is not None:  # a file probe (throttle, pressure): after the BPF ones
-                watch(busiest_cgroups(document.series))
+                if busiest is None:
+                    busiest = busiest_cgroups(document.series)
+                watch(busiest)
             try:
                 now = entry.probe.read()
             except Exception as error:

@@ -254,3 +254,31 @@ def test_io_stalls_beside_memory_stalls_are_its_consequence() -> None:
     kinds = [c.kind for c in report.incidents[0].causes]
     assert kinds[0] == "memory_pressure", report.render_text()
     assert sorted(kinds) == ["displacement", "io_pressure", "memory_pressure"]
+
+
+def test_kernel_threads_running_while_a_cgroup_reclaims_are_the_stall_not_a_neighbour() -> None:
+    """A run-queue rise of a cgroup stalled on memory, on CPUs kswapd and the I/O workers (cgroup
+    /) held meanwhile, their displacement rising more than the stall: the stall comes first."""
+    rng = np.random.default_rng(7)
+    documents = []
+    for t in range(60):
+        late = t >= 30
+        series = [
+            Series({"probe": "runqueue", "cgroup": "/victim"},
+                   _hist(PARKED if late else CALM, rng, 3000)),
+        ]  # fmt: skip
+        counters = [
+            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                     cgroup="/victim", resource="memory"),
+            _counter("runqueue_displaced_wait_ns", "runqueue",
+                     int(rng.gamma(8, (1e8 if late else 1e4) / 8)), victim="/victim",
+                     aggressor="/"),
+        ]  # fmt: skip
+        start = START_NS + t * INTERVAL_NS
+        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
+    report = explain_documents(documents, config=CONFIG)
+    causes = report.incidents[0].causes
+    assert [(c.kind, c.cgroup) for c in causes] == [
+        ("memory_pressure", "/victim"),
+        ("displacement", "/victim"),
+    ], report.render_text()
