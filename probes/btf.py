@@ -89,7 +89,7 @@ class _Member(NamedTuple):
 
 
 class _Type(NamedTuple):
-    """The parts of one BTF type we use: bpftool's dicts take ~5x the memory, and this is cached."""
+    """The parts of one BTF type in use: bpftool's dicts take ~5x the memory, and this is cached."""
 
     kind: str
     name: str

@@ -25,21 +25,20 @@
  * usually someone else (the waker, the load balancer, a stopper thread) and is never used.
  * The source CPU is the task's own CPU field (thread_info.cpu or task_struct.cpu, from BTF as
  * TASK_CPU_OFF): set_task_cpu() fires the tracepoint before it updates the field, and fires it
- * even when the CPU does not change, which the kernel does not count as a migration; neither do we.
+ * even when the CPU does not change, which the kernel does not count as a migration; nor does
+ * this probe.
  *
- * Overhead (kernel BPF stats, 4000 self-migrations by affinity changes, this 2-vCPU VM; first
- * version, raw tracepoints and a counter hash): sched_migrate_task 300-335 ns/event against
- * 62-66 ns for an empty program on the same tracepoint in the same run.  Migrations are rare next to context switches (hundreds to a few
- * thousand per second per host), so the cost is negligible.  benchmarks/bench_probe_overhead.py
- * (affinity flips, same run, loaded 2-vCPU dev VM), tp_btf: 123-172 vs 79-82 ns (1.55-2.1x);
- * before (a hash lookup-or-init per count): 250-260 vs 69-75 ns (3.4-3.8x).  3 Dec, same
- * benchmark: one shared counter row 233-288 vs 42-54 ns (5.0-6.2x), a row per CPU 176-195 vs
- * 48-53 ns (3.7x).  By removing parts (same benchmark): the task's fields and cgroup ~60 ns,
- * the slot lookup ~30 ns, the counter row ~45 ns.  7 Dec, same benchmark, 10 rounds alternated:
- * 227 vs 90 ns (2.45x) with a config array and the node map read at every event; 188 vs 94 ns
- * (2.06x) with the config words beside the slot cache and no node map on one-node hosts.  The
- * program's instructions are all inlined (bpftool prog dump xlated): what is left is the cache
- * lines it touches (task, this CPU's config and cache, the counter row), ~30 ns each here.
+ * Overhead (benchmarks/bench_probe_overhead.py: affinity flips, kernel BPF stats against an
+ * empty tp_btf program on the same tracepoint, 10 rounds alternated, measured on this 2-vCPU
+ * VM): 188 vs 94 ns per sched_migrate_task (2.06x).  Migrations are rare next to context
+ * switches (hundreds to a few thousand per second per host), so the cost is negligible.  Where
+ * the time goes (by removing parts): the task's fields and cgroup ~60 ns, the slot lookup
+ * ~30 ns, the counter row ~45 ns.  Designs measured against this one, same benchmark: a hash
+ * lookup-or-init per count 250-260 vs 69-75 ns (3.4-3.8x); one counter row shared by all CPUs
+ * 233-288 vs 42-54 ns (5.0-6.2x) where a row per CPU gives 176-195 vs 48-53 ns (3.7x); a config
+ * array of its own and the node map read at every event 227 vs 90 ns (2.45x).  The program's
+ * instructions are all inlined (bpftool prog dump xlated): what is left is the cache lines it
+ * touches (task, this CPU's config and cache, the counter row), ~30 ns each here.
  *
  * Example (tests/probes/test_migration.py: a task flipping its affinity between CPU 0 and 1
  * 23 times, one NUMA node):
@@ -110,9 +109,10 @@ struct migration_slot_cached {
 };
 
 /* Per CPU: the config words, then the slot cache.  Every event reads both, so they share a
- * value: one cache line fewer per event than a config array of its own (~30 ns of ~220 on this
- * VM, 7 Dec; skipping the node map on one-node hosts saved as much again).  User space writes
- * the words into each CPU's copy and empties the caches when it does (bccprobe.set_config). */
+ * value: one cache line fewer per event than a config array of its own (~30 ns of ~220,
+ * measured on this 2-vCPU VM; skipping the node map on one-node hosts saves as much again).
+ * User space writes the words into each CPU's copy and empties the caches when it does
+ * (bccprobe.set_config). */
 struct migration_cpu {
     u32 config[CONFIG_SLOTS];
     struct migration_slot_cached cache[SLOT_CACHE];
@@ -125,8 +125,9 @@ BPF_ARRAY(migration_slot_hint, u32, 1);
 BPF_PERCPU_ARRAY(migration_config, struct migration_cpu, 1);
 /* (cpu * MIGRATION_MAX_SLOTS + slot) * KINDS_ROW + kind -> count: one row per CPU and slot,
  * summed over CPUs by user space (it maps the array).  A task's migrations are counted on
- * alternating CPUs, and one shared row moved its cache line between them at every event
- * (~120 ns of the ~200 ns added here, 3 Dec; a plain add instead of the atomic one saved none). */
+ * alternating CPUs, and one shared row would move its cache line between them at every event
+ * (~120 ns of ~200 ns added, measured on this 2-vCPU VM; a plain add instead of the atomic one
+ * saves none). */
 BPF_F_TABLE("array", u32, u64, migration_counts,
             MIGRATION_NR_CPUS * MIGRATION_MAX_SLOTS * KINDS_ROW, BPF_F_MMAPABLE);
 BPF_ARRAY(migration_cpu_node, u32, MIGRATION_MAX_CPUS);

@@ -27,17 +27,17 @@
  * slot, a per-CPU cache in front of a hash) whose histogram row and exact sum are arrays (the
  * count is the row's sum).
  *
- * Overhead (benchmarks/bench_netsyscall_overhead.py: kernel BPF stats on the loaded 2-vCPU dev
- * VM, each against an empty program on the same tracepoint in the same mode and run), tp_btf,
- * 6 Dec, three rounds interleaved with the tid-slot version before it:
+ * Overhead (benchmarks/bench_netsyscall_overhead.py: kernel BPF stats, each against an empty
+ * program on the same tracepoint in the same mode and run, tp_btf, measured on this loaded
+ * 2-vCPU VM, interleaved with a design keyed by thread id):
  *   getpid loop (not traced): sys_enter and sys_exit 1.02x (+1 ns)
  *   UDP sendto (traced):      sys_enter +86..87 ns (2.65-2.71x), sys_exit +60..65 ns
  *                             (2.12-2.22x); both together +145..152 ns per call, against
- *                             +152..167 ns (2.47-2.59x, 2.52-2.73x) with the tid slots.
+ *                             +152..167 ns (2.47-2.59x, 2.52-2.73x) keyed by thread id.
  * The floor here: one clock read per program (~60-65 ns) and one read of the caller's cgroup
  * (helper + four dependent loads, ~20 ns) in one of them; with empty programs at ~51 ns, both
  * cannot be under 2.5x.  (Reading the cgroup at sys_exit instead: 2.2-2.3x at enter,
- * 2.7-3.0x at exit.)  Earlier (raw tracepoints, LRU + hash maps): getpid sys_exit 1.94x,
+ * 2.7-3.0x at exit.)  Raw tracepoints with LRU + hash maps cost more: getpid sys_exit 1.94x,
  * sendto sys_enter 3.9x, sys_exit 6.1x.
  *
  * Outliers: a call slower than max(OUTLIER_FLOOR_NS, its cgroup's threshold) is sent through
@@ -230,7 +230,7 @@ static __always_inline struct netsyscall_start *start_claim(struct netsyscall_st
     return NULL;
 }
 
-/* This call's way (NULL: entered before we attached, filtered out, or not timed). */
+/* This call's way (NULL: entered before the probe attached, filtered out, or not timed). */
 static __always_inline struct netsyscall_start *start_find(struct netsyscall_start_set *set,
                                                            u64 frame)
 {
@@ -376,7 +376,7 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
         return 0;
     in_flight = start_find(set, frame);
     if (!in_flight)
-        return 0; /* entered before we attached, filtered out or not timed at sys_enter */
+        return 0; /* entered before the probe attached, filtered out or not timed at sys_enter */
     start_ns = in_flight->start_ns;
     nr = in_flight->nr; /* as seen at entry, where the id is an argument */
     cgroup_id = in_flight->cgroup_id;

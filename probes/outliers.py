@@ -211,7 +211,7 @@ class OutlierStream:
         self._previous_rows: npt.NDArray[np.int64] = np.zeros((0, HIST_ROW), np.int64)
         self._thresholds: dict[int, int] = {}
         self.callback_errors = 0
-        # bcc keeps a reference to the ctypes callback only as long as we do.
+        # bcc keeps a reference to the ctypes callback only as long as this object does.
         self._callback = self._on_event
         bpf[f"{prefix}_outlier_events".encode()].open_ring_buffer(self._callback)
 

@@ -292,8 +292,8 @@ int on_sched_switch(struct bpf_raw_tracepoint_args *ctx)
 
     if (!cpu)
         return 0;
-    /* prev got this CPU in a switch we never saw (some do not reach the tracepoint, seen on the
-     * dev VM): whatever wait that switch ended is lost; count it. */
+    /* prev got this CPU in a switch this program never saw (some do not reach the tracepoint,
+     * seen on the dev VM): whatever wait that switch ended is lost; count it. */
     if (cpu->next_task == (u64)prev) {
         if (cpu->next_slot != SLOT_UNKNOWN)
             aggressor = (s32)cpu->next_slot; /* prev's slot, found when it was switched in */

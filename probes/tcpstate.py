@@ -297,7 +297,7 @@ def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 
 
     The active open's CLOSE -> SYN_SENT runs in our own thread, so the socket's cgroup must equal
     both ``bpf_get_current_cgroup_id()`` and our cgroup directory's inode, and the ports must be
-    the ones we bound.  Raises OffsetCheckError naming the offsets on any disagreement.
+    the ones bound.  Raises OffsetCheckError naming the offsets on any disagreement.
     """
     with contextlib.ExitStack() as stack:
         listener = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
