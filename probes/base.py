@@ -505,7 +505,7 @@ class HistogramRows(Mapping[K, Histogram], Generic[K]):
     cells: finite buckets, then overflow) and ``sums_ns[i]`` are those of ``row_keys[i]``. As a
     mapping, each is a Histogram viewing its row, made at the first lookup; ``Snapshot.delta``
     subtracts two as blocks, and the outlier thresholds read the block: a busy host's read holds
-    hundreds of rows, and numpy calls row by row were most of their cost."""
+    hundreds of rows, and numpy calls row by row would be most of their cost."""
 
     def __init__(
         self, keys: Sequence[K], rows: npt.NDArray[np.int64], sums_ns: Sequence[int]
