@@ -133,7 +133,7 @@ class CgroupResolver:
             try:
                 entries = list(os.scandir(directory))
             except (FileNotFoundError, NotADirectoryError, PermissionError):
-                continue  # a cgroup removed while we walk is normal
+                continue  # a cgroup removed during the walk is normal
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     path = f"{relative}/{entry.name}"

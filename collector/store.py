@@ -86,7 +86,7 @@ def encode_record(
 class LabelTexts:
     """Each label set as the JSON text of the record metadata, kept by the identity of its key:
     the agent hands the same key object for a series every interval (``LabelMemo``), and the
-    JSON of a busy host's thousands of label sets was a record's largest cost."""
+    JSON of a busy host's thousands of label sets would be a record's largest cost."""
 
     def __init__(self) -> None:
         self._texts: dict[int, tuple[LabelKey, str]] = {}  # id(key) -> (key, text)
@@ -884,7 +884,7 @@ class Recording:
                     ):
                         yield d
             except FileNotFoundError:
-                continue  # removed by retention while we read
+                continue  # removed by retention while being read
             finally:
                 self._add(scan, duplicates, overlaps)
 
