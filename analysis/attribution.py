@@ -128,7 +128,7 @@ def _shares(parts: FloatArray) -> FloatArray:
     """Each column's share of the row's *gross rise*: its positive part over the sum of the
     positive parts, so shares lie in [0, 1] and add up to 1 (a column that fell: 0; rows where
     nothing rose: nan). Shares of a net excess would exceed 100 % or go negative whenever some
-    part fell (issue 10 #16); what fell is reported in its own units instead."""
+    part fell; what fell is reported in its own units instead."""
     rises = np.clip(parts, 0.0, None)
     total = rises.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):

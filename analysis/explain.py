@@ -740,9 +740,9 @@ def _incident(
     # calls can still be the root cause).
     mine = jump_cgroups(shown[0])
     waiting = shown[0].labels.get("probe") == "runqueue"
-    # An all-cgroups wait counts its largest source as starved (CI, 4 Dec: the inference
-    # worker's victim, whose own wait had too few events before to be tested, failed sends
-    # with EAGAIN ranked before the worker's displacement of it).
+    # An all-cgroups wait counts its largest source as starved: e.g. a victim whose own wait
+    # had too few events before the change to be tested; its sends failing with EAGAIN would
+    # otherwise rank before the displacement that starved it.
     starved = set().union(
         set(), *(jump_cgroups(j) for j in chosen if j.labels.get("probe") == "runqueue")
     )

@@ -61,7 +61,8 @@ QUIET: Final = "quiet"
 """No injection: the victim alone; a right report holds no incident of the victim."""
 STEAL_DISTURBED: Final = 0.01
 """Steal of one CPU, as a share of a quiet recording's time, above which it was not quiet (quiet
-runs here: about 0.2 %; the 3 Dec incidents: 26-40 % for seconds)."""
+runs measured on this 2-core host: about 0.2 %; a hypervisor taking a vCPU: 26-40 % for
+seconds)."""
 CPU: Final = 0
 INTERVAL_S: Final = 0.5
 FLIP_S: Final = 0.008
@@ -639,9 +640,9 @@ def run_injection(
         # victim (nice 0) has CPU 0 to itself until the flipping sends it there for every other
         # FLIP_S, where it barely runs: waits up to FLIP_S, far above what other load on CPU 0
         # gives it. With 2 ms flips (the waits' ceiling) and the spinner at nice -5, other load
-        # on CPU 0 gave the baseline waits as long as the fault's (CI, 3 Dec: no jump in 3
-        # tries). 8 ms keeps the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms,
-        # 45: the spinner's displacement then ranked first).
+        # on CPU 0 gives the baseline waits as long as the fault's (no jump to detect). 8 ms
+        # keeps the moves above FORCED_MIGRATIONS per interval (57 here; at 10 ms, 45: the
+        # spinner's displacement then ranks first).
         tasks = [
             _task("victim", VICTIM_LOOP, cpu=CPU),
             _task("background", NEIGHBOUR_CODE, cpu=other),
@@ -662,8 +663,8 @@ def run_injection(
     controller = {"cpu_throttle": "cpu", "memory_pressure": "memory"}.get(kind)
     kernel_counters: dict[str, int] = {}
     with contextlib.ExitStack() as started:
-        # Recording first, on a quiet machine: the probes compile in seconds (CI once saw a
-        # recorder beside the migrations spinner write nothing in 300 s), and they see the TCP
+        # Recording first, on a quiet machine: the probes compile in seconds (beside the
+        # migrations spinner a recorder can write nothing for 300 s), and they see the TCP
         # connection established, so they can tell which cgroup holds its other end
         # (tcp_retransmits_to_peer). The workload's start-up (imports, connect) is left out.
         watch = started.enter_context(recording(directory))

@@ -99,7 +99,7 @@ READ_ERRORS: Final = "tailsight_probe_read_errors_total"
 CGROUPS_FOLDED: Final = "tailsight_cgroups_folded"
 INTERVALS: Final = "tailsight_intervals_total"
 
-# Live jump verdicts (item 2 of issue 14): 1 while a jump of the series is active.
+# Live jump verdicts: 1 while a jump of the series is active.
 TAIL_JUMP: Final = "tailsight_tail_jump"
 TAIL_JUMP_P99_BEFORE: Final = "tailsight_tail_jump_p99_before_seconds"
 TAIL_JUMP_P99_AFTER: Final = "tailsight_tail_jump_p99_after_seconds"
