@@ -117,7 +117,7 @@ class Histogram:
     def _trusted(cls, counts: npt.NDArray[np.int64], overflow: int, sum_ns: int) -> Histogram:
         """A histogram from parts already valid (int64 counts of the model's shape, owned by the
         result; non-negative ints): the collector builds hundreds per interval from checked
-        arithmetic, and ``__post_init__``'s copy and scans were most of their cost."""
+        arithmetic, and ``__post_init__``'s copy and scans would be most of their cost."""
         hist = object.__new__(cls)
         hist.counts, hist.overflow, hist.sum_ns = counts, overflow, sum_ns
         return hist
@@ -267,7 +267,7 @@ class Histogram:
 
         Rank ``q*count`` selects the first bucket whose cumulative count reaches it, then the value
         is interpolated linearly between that bucket's lower and upper bound. A rank in overflow
-        yields the highest finite bound. One deliberate difference: for rank 0 we pick the first
+        yields the highest finite bound. One deliberate difference: rank 0 selects the first
         *non-empty* bucket (Prometheus would divide 0 by 0 when leading buckets are empty).
         """
         return self.quantiles([q])[0]

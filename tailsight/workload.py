@@ -23,7 +23,7 @@ from tailsight.collector.cgroups import directory_id, find_cgroup2_mount
 
 BASE_CGROUP: Final = "tailsight-test"
 
-# Children die with us even if we are SIGKILLed (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9);
+# Children die with this process even if it is SIGKILLed (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9);
 # the getppid check closes the race with a parent that died before the prctl.
 _DIE_WITH_PARENT: Final = (
     "import ctypes, os, sys\n"
@@ -102,7 +102,7 @@ def private_base(tag: str) -> str:
 
 
 def default_cpu() -> int:
-    """The highest CPU we may run on (the demo and tests pin their contention there)."""
+    """The highest CPU this process may run on (the demo and tests pin their contention there)."""
     return max(os.sched_getaffinity(0))
 
 
@@ -172,7 +172,7 @@ class Workload:
             raise
 
     def close(self) -> None:
-        """Kill and reap every process, remove the cgroups we created; idempotent."""
+        """Kill and reap every process, remove the cgroups it created; idempotent."""
         while self.processes:
             _, proc = self.processes.pop()
             with contextlib.suppress(ProcessLookupError):
@@ -215,8 +215,8 @@ def contention(
 def _in_cgroup(directory: Path, cpu: int | None, argv: list[str]) -> list[str]:
     """``argv`` run already inside cgroup ``directory`` and pinned to ``cpu``.
 
-    The process joins before it execs: moved after start, a task under CPU pressure had made
-    its first syscalls in our cgroup (CI, 4 Dec).  A shell rather than ``preexec_fn``, which
+    The process joins before it execs: moved after start, a task under CPU pressure can make
+    its first syscalls in the parent's cgroup.  A shell rather than ``preexec_fn``, which
     is unsafe in a process with threads."""
     pin = ["taskset", "--cpu-list", str(cpu)] if cpu is not None else []
     join = 'echo $$ > "$0" && exec "$@"'

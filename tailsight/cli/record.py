@@ -122,7 +122,7 @@ def _reason(error: OSError) -> str:
 
 
 def cannot_read(directory: Path, error: OSError) -> NoReturn:
-    """A recording we may not read (permissions): a clear message and exit 2."""
+    """A recording this user may not read (permissions): a clear message and exit 2."""
     where = error.filename or directory
     hint = " (recordings are 0600: run as their owner, or record with --group)"
     hint = hint if isinstance(error, PermissionError) else ""
