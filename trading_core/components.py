@@ -351,7 +351,7 @@ def _spawn(
     if pid:
         os.close(ready_write)
         with os.fdopen(ready_read, "rb") as ready:
-            if ready.read(1) != b"1":  # placed in its cgroup and namespace before we go on
+            if ready.read(1) != b"1":  # placed in its cgroup and namespace before going on
                 raise RuntimeError(f"component {name} failed to start")
         return pid
     os.close(ready_read)

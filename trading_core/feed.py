@@ -465,7 +465,7 @@ class FeedHandler:
         }
 
     def close(self) -> None:
-        """Close the request socket; a path we opened is detached (XDP) and closed too."""
+        """Close the request socket; a path opened here is detached (XDP) and closed too."""
         if self._owns_path:
             if isinstance(self.path, AfXdpPath):
                 with in_netns(self.topo.trading_ns):

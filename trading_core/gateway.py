@@ -71,7 +71,7 @@ class Gateway:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.send_heartbeats = send_heartbeats
         self.on_message = on_message
-        self.next_sequence = 1  # of the next sequenced message we expect
+        self.next_sequence = 1  # of the next sequenced message expected
         self.next_user_ref_num = 1
         self.view = AccountView()
         self.messages: list[ouch.OutboundMessage] = []  # every sequenced message, in order
@@ -99,8 +99,8 @@ class Gateway:
     def connect(self, requested_sequence: int | None = None, timeout_s: float = 5.0) -> int:
         """Log in; returns the sequence number the server will send next.
 
-        ``requested_sequence`` defaults to the next one we expect, so after a reconnect the
-        server replays everything we missed (SoupBinTCP 4.1 Login Request).
+        ``requested_sequence`` defaults to the next one expected, so after a reconnect the
+        server replays everything missed (SoupBinTCP 4.1 Login Request).
         """
         if self.connected:
             raise GatewayError("already connected")

@@ -40,7 +40,7 @@ __all__ = [
 
 NETNS_DIR: Final = Path("/run/netns")  # where iproute2 and pyroute2 bind-mount named namespaces
 PREFIX: Final = (
-    "ts-"  # every namespace/interface we create starts with it (``cleanup`` relies on it)
+    "ts-"  # every namespace/interface created here starts with it (``cleanup`` relies on it)
 )
 _CLONE_NEWNET: Final = 0x40000000
 

@@ -66,8 +66,9 @@ _LOSS_TABLE: Final = "tailsight_loss"
 _MOLD_HEADER_UDP_LENGTH: Final = 28  # UDP header + MoldUDP64 header: heartbeats and end of session
 _BOOK_UPDATES: Final = frozenset(b"AFECXDU")
 # Order responses applied per turn of the loop before it looks at the feed again: a burst of
-# acks and cancels (framed and applied: ~20 µs each, measured) made the next tick wait. One per
-# turn: busy polling, 10 runs each (2 Dec), in-system P99 59-79 us against 61-109 us at two.
+# acks and cancels (framed and applied: ~20 µs each, measured) makes the next tick wait. One per
+# turn: busy polling, 10 runs each, in-system P99 59-79 us against 61-109 us at two (measured on
+# this 2-core host).
 _RESPONSE_SLICE: Final = 1
 _SETUP_TIMEOUT_S: Final = 60.0  # a child's answer to "set up" (the XDP compile is the slow part)
 
@@ -84,9 +85,10 @@ class Placement:
 
     @classmethod
     def auto(cls) -> Placement:
-        """The exchange on the first CPU we may use, trading alone on the last (none on one CPU):
-        unpinned, the scheduler places them anew each run, and the in-system P99 follows (4
-        runs each, 2 Dec: P99 336-446 us unpinned, 121-126 us pinned)."""
+        """The exchange on the first CPU this process may use, trading alone on the last (none
+        on one CPU): unpinned, the scheduler places them anew each run, and the in-system P99
+        follows (4 runs each, measured on this 2-core host: P99 336-446 us unpinned, 121-126 us
+        pinned)."""
         available = sorted(os.sched_getaffinity(0))
         if len(available) < 2:
             return cls()
@@ -147,8 +149,9 @@ class ReplayConfig:
     act_share: float = 0.0  # the strategy also acts on this share of all book updates
     inject_delay_us: float = 0.0  # calibration only: busy-wait before each order's send
     inference_model: str | None = None  # a signal stage's model (docs/inference.md); None: off
-    # Spin on the feed instead of sleeping in poll(): waking a halted vCPU is what dominated
-    # the in-system P99 (receive P99 245 -> 81 us unpinned, 4 runs each, 2 Dec).
+    # Spin on the feed instead of sleeping in poll(): waking a halted vCPU dominates the
+    # in-system P99 otherwise (receive P99 245 -> 81 us unpinned, 4 runs each, measured on this
+    # 2-core host).
     busy_poll: bool = False
 
 
@@ -705,7 +708,7 @@ class ReplaySystem:
             trading.send(("run", session, cfg, capacity))
             try:
                 # With a signal stage, "ready" follows its model's load, which has its own bound
-                # (a load took 38-58 s on a busy VM, 2 Dec).
+                # (a load takes 38-58 s on a busy VM).
                 start_timeout_s = _SETUP_TIMEOUT_S
                 if cfg.inference_model is not None:
                     from tailsight.trading_core.inference.stage import InferenceConfig

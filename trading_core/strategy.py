@@ -167,7 +167,7 @@ class Strategy:
         self.cancels_sent = 0
         self.halted = False
         # Open shares per (locate, side), kept as orders go out and responses come in: the
-        # position check needs them on every order, a scan of all open orders was O(n).
+        # position check needs them on every order, and a scan of all open orders would be O(n).
         self._open_shares: dict[tuple[int, str], int] = {}
         self._share_credit = 0.0
         self._probe_side = "B"

@@ -6,8 +6,9 @@
 // Each redirected frame carries its arrival time (bpf_ktime_get_ns, CLOCK_MONOTONIC, the clock of
 // user space's perf_counter_ns) in its own first bytes, written over the Ethernet addresses: the
 // socket's reader needs only the EtherType and what follows, and a direct packet write works on
-// every kernel that runs XDP. A frame no socket takes goes to the stack with its MACs restored. (It rode in the XDP metadata before: some kernels refuse
-// bpf_xdp_adjust_meta to this program type, "program of this type cannot use helper", 6 Dec.)
+// every kernel that runs XDP. A frame no socket takes goes to the stack with its MACs restored.
+// (Not in the XDP metadata: some kernels refuse bpf_xdp_adjust_meta to this program type,
+// "program of this type cannot use helper".)
 // Compile-time: -DFEED_PORT=<udp port>.
 #include <uapi/linux/bpf.h>
 #include <linux/if_ether.h>
