@@ -63,9 +63,9 @@ fi
 # platform, so pip builds it from source once (~16 CPU-minutes) and reuses the wheel it caches;
 # nothing to do when the pinned version and its server already import. LLAVA_BUILD=OFF skips the
 # multimodal library (never loaded here); ggml stays -march=native (the wheel is this host's)
-# except for AMX: on an AMX host (a Sapphire Rapids VM, 2 Dec) ggml's AMX kernels crash the first
-# llama_decode (SIGSEGV), so they are compiled out, and a wheel that has them (built before, or
-# cached by pip) is rebuilt once.
+# except for AMX: on an AMX host (e.g. a Sapphire Rapids VM) ggml's AMX kernels crash the first
+# llama_decode (SIGSEGV), so they are compiled out, and a wheel that has them (built without this
+# setting, or cached by pip) is rebuilt once.
 llama_cpp_version=$(sed -n 's/^llamacpp = \["llama-cpp-python\[server\]==\([^"]*\)"\]$/\1/p' pyproject.toml)
 [ -n "$llama_cpp_version" ] || { echo "setup: no llamacpp pin in pyproject.toml" >&2; exit 1; }
 llama_cpp_build() {  # the installed version, and "amx" when its ggml has the AMX kernels
