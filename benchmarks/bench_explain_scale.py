@@ -8,8 +8,8 @@ interval one cgroup's run-queue tail jumps (a new hog displaces it). Then runs t
 and checks that the jump is found at that interval in that cgroup.
 
 Same-run baselines: one bare pass over the recording (decode every interval, keep nothing), and
-in ``--quick`` mode the former dense explain (tests/analysis/dense_explain.py) on the same data.
-Goal (issue 15 #6): <= 10 s and <= 1 GB at full size.
+in ``--quick`` mode the dense explain, every series in memory (tests/analysis/dense_explain.py),
+on the same data. Goal: <= 10 s and <= 1 GB at full size.
 
     python benchmarks/bench_explain_scale.py [--quick] [--minutes M] [--cgroups N]
 """
@@ -229,7 +229,7 @@ def main() -> None:
             )
             dense_wall, dense_rss, _ = measure(dense)
             print(
-                f"baseline, former dense explain: {dense_wall:.1f} s, peak RSS "
+                f"baseline, dense explain: {dense_wall:.1f} s, peak RSS "
                 f"{dense_rss:,.0f} MB; streamed = {dense_wall / wall:.1f}x faster, "
                 f"{dense_rss / rss:.1f}x less memory"
             )

@@ -1,4 +1,4 @@
-"""End to end with the inference stage (issue 13): tick -> signal -> order through the trading
+"""End to end with the inference stage: tick -> signal -> order through the trading
 system, and what the stage costs the fast path.
 
 A generated day is replayed twice through one system (UDP feed, unpinned): without inference

@@ -1,6 +1,6 @@
 """ITCH 5.0 decode and decode+book throughput: tailsight next to itch-book (C++ core) and MeatPy
 (pure Python), same generated file, same run. All three must end the day with the same top of
-book on every symbol, or the run fails. Issue 6's targets are checked and printed: tailsight's
+book on every symbol, or the run fails. The throughput targets are checked and printed: tailsight's
 fastest decode+book (the compiled ``FastBook``) at least a quarter of itch-book's and 10x MeatPy's.
 
 Usage: bench_itch.py [--quick] [--messages N] [--symbols S] [--seed X] [--file PATH]
@@ -47,7 +47,8 @@ def best_of(repeats: int, fn: Callable[[], tuple[int, Any]]) -> tuple[float, int
     return min((timed(fn) for _ in range(repeats)), key=lambda run: run[0])
 
 
-# Issue 6: decode+book at least this fraction of itch-book's, and this multiple of MeatPy's.
+# Targets: decode+book at least this fraction of itch-book's, and this multiple of MeatPy's, on a
+# file of at least TARGET_MESSAGES.
 TARGET_VS_ITCH_BOOK = 0.25
 TARGET_VS_MEATPY = 10.0
 TARGET_MESSAGES = 5_000_000
@@ -123,7 +124,7 @@ def warm_fastbook(path: Path) -> float:
 
 
 def reading_variants(path: Path, repeats: int) -> None:
-    """What gzip and zero length prefixes (issue 10) cost the framing, next to the plain file;
+    """What gzip and zero length prefixes cost the framing, next to the plain file;
     and ``GzipReader`` (keeps all that inflates before damage) next to ``gzip.GzipFile``."""
     with tempfile.TemporaryDirectory() as scratch:
         plain = path.read_bytes()
@@ -149,7 +150,7 @@ def reading_variants(path: Path, repeats: int) -> None:
         base = best_of(repeats, lambda: scan(path))[0]
         print("\nreading variants (scan_itch: framing only), same file, same run:")
         print(f"  {'plain file (baseline)':<44} {base:6.2f} s")
-        for name, file in (("gzip file", packed), ("zero length prefixes (issue 10)", zeroed)):
+        for name, file in (("gzip file", packed), ("zero length prefixes", zeroed)):
             seconds, count, _ = best_of(repeats, partial(scan, file))
             assert count == scan(path)[0], name
             print(f"  {name:<44} {seconds:6.2f} s  {seconds / base:5.2f}x baseline time")
@@ -320,12 +321,12 @@ def run(path: Path, repeats: int) -> int:
     )
     print(f"numba: kernels compiled or loaded from cache in {compile_s:.1f} s (not timed above)")
     reading_variants(path, repeats)
-    print("\nissue 6 targets, tailsight decode+fastbook against, same file, same run:")
+    print("\ntargets, tailsight decode+fastbook against, same file, same run:")
     targets = {"itch-book": TARGET_VS_ITCH_BOOK, "MeatPy": TARGET_VS_MEATPY}
-    # Fixed costs (allocation, first touches) weigh on small files: the issue sizes its targets.
+    # Fixed costs (allocation, first touches) weigh on small files: the targets are for large ones.
     messages = max(sizes)
     small = (
-        "" if messages >= TARGET_MESSAGES else f" (indicative: issue sizes >= {TARGET_MESSAGES:,})"
+        "" if messages >= TARGET_MESSAGES else f" (indicative below {TARGET_MESSAGES:,} messages)"
     )
     for name, target in targets.items():
         if name not in others:

@@ -6,10 +6,10 @@ tcpstate's inet_sock_set_state (loopback connections) and migration's sched_migr
 bpf_prog_info).  The run-queue probe has no sched_wakeup program: nothing else to measure.
 
 The first program attached to a tracepoint costs more than the next one: two empty programs on
-one tracepoint, 77 vs 65 ns per sched_migrate_task and 66 vs 59 ns per inet_sock_set_state (7 Dec,
-medians of 6 rounds).  So each probe is measured twice, attached before the empty program and
-after it, and the ratio is that of the two programs' means over both orders; each order's ratio
-is printed too.
+one tracepoint, 77 vs 65 ns per sched_migrate_task and 66 vs 59 ns per inet_sock_set_state
+(medians of 6 rounds, measured on this 2-core host).  So each probe is measured twice, attached
+before the empty program and after it, and the ratio is that of the two programs' means over
+both orders; each order's ratio is printed too.
 
 Usage: bench_probe_overhead.py [--quick] [--seconds S]   (needs root; exits 0 with a note if not)
 """

@@ -94,8 +94,8 @@ def one(kind: str, baseline_s: float, fault_s: float) -> Run:
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         explain_s = time.perf_counter() - start
         headline = report.incidents[0].sentences()[0] if report.incidents else "(no incident)"
-        # A quiet recording has no injection time to be near: any incident of the victim counts
-        # (until 3 Dec only those within 3 s of its midpoint did, as for injections).
+        # A quiet recording has no injection time to be near: any incident of the victim counts,
+        # not only those within 3 s of its midpoint (as for injections).
         tolerance_s = math.inf if kind == QUIET else 3.0
         result = score(report, injection, tolerance_s=tolerance_s)
         return Run(

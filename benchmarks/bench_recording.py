@@ -1,7 +1,7 @@
 """Recording cost: bytes and CPU per interval for 100 cgroups x 4 probes (the collector's own
 interval documents, from bench_collector's synthetic probes), format 2 (binary + zstd, written
 from the objects) against format 1 (canonical hist/1 text, validated by re-parsing) in the same
-run; reading both back; and resync over a crafted segment of record heads (linear now).
+run; reading both back; and resync over a crafted segment of record heads (must be linear).
 
 Usage: bench_recording.py [--quick] [--cgroups N] [--intervals N]
 """
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"  ratio read CPU format 2 / format 1: {reads[2] / reads[1]:.3f}")
 
-        # Resync: the old reader took ~20 s for 1 MiB of heads (quadratic); same input now.
+        # Resync over crafted heads: a reader quadratic in them would take ~20 s for 1 MiB.
         sizes = (1 << 16, 1 << 20) if args.quick else (1 << 16, 1 << 20, 1 << 24)
         times = {}
         for size in sizes:

@@ -1,4 +1,4 @@
-"""Device script (issue 13, item 4): prefill latency P50/P99 of 64 prompt tokens at batch 1 and 8
+"""Device script: prefill latency P50/P99 of 64 prompt tokens at batch 1 and 8
 on a CUDA GPU, for SmolLM2-135M (the embedded GGUF, via the transformers runtime's conversion)
 and for a randomly initialised Llama-3-8B-shaped model (config only, nothing downloaded), bf16,
 after warm-up; eager and with ``torch.compile`` (``--compile`` adds ``reduce-overhead``: CUDA
