@@ -1,5 +1,5 @@
-"""Test oracle: ``explain`` as it was before streaming, on dense ``[intervals, buckets]`` arrays
-of every series and aggregate (what took 12 GB for 1 h x 100 cgroups). The streaming path must
+"""Test oracle: ``explain`` without streaming, on dense ``[intervals, buckets]`` arrays of
+every series and aggregate (12 GB for 1 h x 100 cgroups). The streaming path must
 give the same report; the scale benchmark times it as the baseline."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def dense_explain(
     selector: Mapping[str, str] | None = None,
     config: ExplainConfig | None = None,
 ) -> Report:
-    """The former ``explain_documents``."""
+    """``explain_documents`` on dense arrays."""
     config = config or ExplainConfig()
     selector = dict(selector or {})
     starts, leaves = series_arrays(documents, selector)

@@ -334,8 +334,8 @@ def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
     """/victim's recvfrom tail (the headline: it moved most) and its run-queue wait rise as
     /worker displaces it 5x more than before; its non-blocking calls start failing with EAGAIN
     (new, so the largest effect). The failures are a consequence of waiting for CPUs, whichever
-    series heads the incident: the displacement comes first (CI once ranked the errors first
-    when the headline was not the run-queue wait)."""
+    series heads the incident: the displacement comes first, also when the headline is not the
+    run-queue wait."""
     rng = np.random.default_rng(7)
     calm = LatencyModel()
     documents = []
@@ -369,8 +369,8 @@ def test_failing_calls_rank_after_what_starved_them_under_an_all_cgroups_headlin
     """Only the all-cgroups run-queue wait jumps: /victim called too rarely before the change for
     its own wait to be tested (20 events per interval), /bulk's is steady. /victim, the largest
     source of the rise, is starved by /worker, and its sends fail with EAGAIN (new). The
-    displacement comes first (CI, 4 Dec, ranked the errors first: only a leaf's wait counted
-    its cgroup as starved)."""
+    displacement comes first: the all-cgroups wait counts its largest source as starved, not
+    only a cgroup's own wait."""
     rng = np.random.default_rng(13)
     calm = LatencyModel()
     documents = []
@@ -404,8 +404,8 @@ def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more
     sendto tail rises, /server (busier: it answers the flood) displaces /victim more, and its
     own recvfrom tail and volume rise with it, above the neighbour's; the neighbour's run-queue
     wait rises too. The neighbour's calls, new and larger than what the symptoms called before,
-    are the cause (CI ranked /server's displacement first: the floor was the symptoms' volume
-    after the change, and the neighbour, a run-queue symptom, counted as one of them)."""
+    are the cause (with the symptoms' volume after the change as the floor, and the neighbour,
+    a run-queue symptom, counted as one of them, /server's displacement would rank first)."""
     rng = np.random.default_rng(11)
     calm = LatencyModel()
     slow_server = FAST.with_component(0.05, 2e6, 0.3)
@@ -462,8 +462,8 @@ def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wa
     """As in the demo: /noisy starts spinning on /trading's CPU and takes all of the rise of
     /trading's run-queue wait; meanwhile /exchange (no displacer) polls 10x more and retransmits
     to the starved /trading. For a wait for CPUs the hog is the answer, the calls and
-    retransmits side effects (CI ranked each first once). The
-    counter-case (the displacer's own calls rose) is the flooding-neighbour test above."""
+    retransmits side effects, however much they rose. The counter-case (the displacer's own
+    calls rose) is the flooding-neighbour test above."""
     rng = np.random.default_rng(13)
 
     def counters(late: bool) -> list[Counter]:
@@ -473,8 +473,8 @@ def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wa
                      victim="/trading", aggressor="/noisy"),
             _counter("netsyscall_calls", "netsyscall", int(rng.poisson(1500 if late else 150)),
                      cgroup="/exchange", syscall="recvfrom"),
-            # The starved receiver acknowledges late: the exchange retransmits to it (CI, 3 Dec:
-            # 31 in 30 intervals before, 159 in 27 after, ranked before the hog).
+            # The starved receiver acknowledges late: the exchange retransmits to it (as in the
+            # demo on this 2-core host: 31 in 30 intervals before, 159 in 27 after).
             _counter("tcp_retransmits_to_peer", "tcpstate", int(rng.poisson(6 if late else 1)),
                      cgroup="/exchange", victim="/trading"),
         ]  # fmt: skip

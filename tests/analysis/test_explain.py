@@ -214,7 +214,7 @@ def test_html_is_self_contained_and_marks_the_jump() -> None:
     assert "run-queue wait of /trading" in page
 
 
-# -- issue 10 #16: falls, shares out of range ---------------------------------------------------
+# -- falls, and shares of a rise beside them -----------------------------------------------------
 
 
 def hog_documents(seed: int = 11, intervals: int = 60, change_at: int = 30) -> list[HistDocument]:
@@ -252,8 +252,8 @@ PERCENT = re.compile(r"(-?\d+)%")
 
 
 def test_falls_are_not_jumps_by_default() -> None:
-    """Regression (issue 10 #16): the hog's falling P99 was reported as a jump and then
-    'explained' with the victim's displacement."""
+    """The hog's falling P99 is no jump, so it is not 'explained' with the victim's
+    displacement; on request it is listed alone, without causes."""
     documents = hog_documents()
     report = explain_documents(documents, config=ExplainConfig(n_boot=200))
     assert [j.labels.get("cgroup") for j in report.jumps] == ["/victim"]
@@ -271,9 +271,9 @@ def test_falls_are_not_jumps_by_default() -> None:
 
 
 def test_shares_stay_in_range_and_falls_are_said_in_units() -> None:
-    """Regression (issue 10 #16): with idle's displaced wait falling, /hog's share of the net
-    excess was 117 % and idle's -13 %. Shares are now of the gross rise, in [0, 1], summing to 1;
-    what fell is said in milliseconds."""
+    """With idle's displaced wait falling, shares of the net excess would be 117 % for /hog and
+    -13 % for idle. Shares are of the gross rise, in [0, 1], summing to 1; what fell is said in
+    milliseconds."""
     report = explain_documents(hog_documents(), config=ExplainConfig(n_boot=200))
     jump = report.jumps[0]
     assert jump.displacement is not None

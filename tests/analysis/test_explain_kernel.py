@@ -99,8 +99,8 @@ def test_explain_names_victim_cause_and_aggressor(kernel_ready: None, tmp_path: 
     shown = {a.aggressor: a for a in jump.displacement.aggressors}
     assert hog in shown, text
     caused = shown[hog]
-    # "new" is too strict: the before window may reach the first interval of the fault (seen
-    # in CI: 15 ms of the hog's wait before a change dated half an interval early, 134 after).
+    # "new" is too strict: the before window may reach the first interval of the fault (e.g.
+    # 15 ms of the hog's wait before a change dated half an interval early, 134 after).
     assert caused.wait_after_ns >= 5 * caused.wait_before_ns and caused.share.low > 0.5, text
     assert caused.share_of_wait_after > 0.1, text
     # The hog ranks first on a quiet machine. The probe charges each wait to the task that ran

@@ -67,9 +67,9 @@ def fault_happened(injection: Injection) -> list[str]:
 def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kind: str) -> None:
     if kind == "packet_loss" and shutil.which("nft") is None:
         pytest.skip("kernel: packet loss needs nftables (nft)")
-    # Up to three tries: on this shared 2-core machine one 8 s fault in CI once left no tail jump
-    # at all ("0 incidents"), a neighbour's flood sometimes raised the victim's P99 only 2.5 s in
-    # (its rate quadrupled then: 3 Dec, 1 run of 5), and CI once dated a packet loss 2.6 s early.
+    # Up to three tries: on this shared 2-core machine an 8 s fault can leave no tail jump at all
+    # ("0 incidents"), a neighbour's flood can raise the victim's P99 only 2.5 s in (its rate
+    # quadrupled then, 1 run of 5), and a packet loss can be dated 2.6 s early.
     # Each try is a new recording; explain must get one right: the injected fault first, dated
     # within a few intervals (bench_rca_accuracy.py reports the rates over many).
     # A recorder that stopped writing is a failed try too, with what its threads were doing.
@@ -104,10 +104,10 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
 @pytest.mark.kernel
 @pytest.mark.slow
 def test_quiet_recording_has_no_incident_of_the_victim(kernel_ready: None, tmp_path: Path) -> None:
-    # The goal is no incident in >= 95 % of quiet recordings (issue 15), so a recording may hold
-    # one up to 1 in 20 by design (CI saw the victim's P99 rise 15 -> 26 us, p=0.007, 1.7 events
-    # per interval above 25 us), and this VM's hypervisor now and then takes a vCPU (26-40 % of
-    # CPU 0 for seconds, seen 3 Dec), when the victim's wait really rises: each failed try says
+    # The goal is no incident in >= 95 % of quiet recordings, so a recording may hold one up to
+    # 1 in 20 by design (e.g. the victim's P99 rising 15 -> 26 us, p=0.007, 1.7 events per
+    # interval above 25 us), and this VM's hypervisor now and then takes a vCPU (26-40 % of
+    # CPU 0 for seconds), when the victim's wait really rises: each failed try says
     # how much a CPU lost to steal (/proc/stat, read by run_quiet, not by the code under test).
     run_tries(lambda attempt: quiet_try(tmp_path / f"rec{attempt}"), QUIET_PASS_RATE)
 

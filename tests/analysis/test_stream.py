@@ -1,5 +1,5 @@
 """The streaming explain (three passes over sparse intervals, what ``tailsight explain`` runs on
-a recording) gives the same report as the former dense path on recordings with known jumps:
+a recording) gives the same report as the dense oracle on recordings with known jumps:
 the same text, the same JSON, the same plot quantiles; read back from a real recording too."""
 
 from __future__ import annotations
