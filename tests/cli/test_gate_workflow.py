@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.statistical import run_tries
+
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "latency-gate.yml"
 CLI = "import sys; from tailsight.cli.main import app; sys.argv[0] = 'tailsight'; app()"
+AA_PASS_RATE = 0.9  # per A/A comparison: the gate's design goal, and measured (tests/README.md)
 
 
 def _job() -> dict[str, Any]:
@@ -187,12 +190,17 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     (decision,) = [s for s in median["stages"] if s["stage"] == "decision"]
     assert decision["candidate_ns"] - decision["baseline_ns"] > 0.7 * delay_us * 1e3, decision
 
-    # A gate built for at most one false fail in 10 A/A comparisons (issue 11) fails one A/A up
-    # to that often by design; what this test rejects is a false regression in a fresh,
-    # interleaved A/A pair as well (at the goal, at most 1 in 100).
-    aa = _gate(base, same)
-    if aa["outcome"] == "regression":
-        first = json.dumps(aa["comparisons"], indent=1)
-        again = _replay_interleaved(itch, tmp_path / "again", {"A": 0.0, "A2": 0.0}, 4, 2)
-        aa = _gate(again["A"], again["A2"])
-        assert aa["outcome"] != "regression", (first, json.dumps(aa["comparisons"], indent=1))
+    # A gate built for at most one false fail in 10 A/A comparisons (issue 11) fails an A/A up to
+    # that often by design; what this test rejects is a false regression in each of the tries
+    # tests/statistical.py gives that rate: the first A/A pair above, then fresh interleaved ones.
+    def aa_try(attempt: int) -> None:
+        pair = [base, same]
+        if attempt:
+            again = _replay_interleaved(
+                itch, tmp_path / f"again{attempt}", {"A": 0.0, "A2": 0.0}, 4, 2
+            )
+            pair = [again["A"], again["A2"]]
+        aa = _gate(*pair)
+        assert aa["outcome"] != "regression", json.dumps(aa["comparisons"], indent=1)
+
+    run_tries(aa_try, AA_PASS_RATE)
