@@ -323,7 +323,7 @@ def test_serve_sigterm_detaches_and_flushes(kernel_ready: None, tmp_path: Path) 
 
 class FaultyExporter(PrometheusExporter):
     """Fault-injection double: the real exporter, except that one chosen interval raises, as any
-    bug on a rare input would (issue 10.1's KeyError was one)."""
+    bug on a rare input would (e.g. a KeyError)."""
 
     def __init__(self, config: CollectorConfig, fail_on: int) -> None:
         super().__init__(config)
@@ -408,7 +408,7 @@ def fill(directory: Path) -> None:
 def test_full_disk_stops_recording_not_serving(
     tree: tuple[CgroupResolver, dict[str, int]], tmp_path: Path
 ) -> None:
-    """Issue 10.4 with a real full filesystem: the write fails with ENOSPC, the agent says so
+    """A real full filesystem: the write fails with ENOSPC, the agent says so
     once, exports tailsight_recording_up 0 and goes on serving every interval."""
     resolver, ids = tree
     with full_tmpfs(tmp_path / "small") as mount:
@@ -499,7 +499,7 @@ def stop_process(proc: subprocess.Popen[str]) -> str:
 def test_serve_tls_hostile_clients_sigterm_detaches_in_3s(
     kernel_ready: None, tmp_path: Path
 ) -> None:
-    """Issue 10.2 end to end: silent TCP clients, a stalled handshake and slowloris heads on the
+    """End to end: silent TCP clients, a stalled handshake and slowloris heads on the
     HTTPS port delay no scrape, and SIGTERM still ends serve (probes detached) within 3 s."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
@@ -541,7 +541,7 @@ def test_serve_tls_hostile_clients_sigterm_detaches_in_3s(
 @pytest.mark.kernel
 @pytest.mark.slow
 def test_serve_record_on_full_disk_keeps_serving(kernel_ready: None, tmp_path: Path) -> None:
-    """Issue 10.4 and 10.8 end to end: `serve --record` on a full filesystem goes on serving
+    """End to end: `serve --record` on a full filesystem goes on serving
     with tailsight_recording_up 0 and says the recording stopped (not that the listener
     failed); listening on 0.0.0.0 without TLS or auth gets a warning."""
     port = free_port()

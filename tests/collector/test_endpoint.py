@@ -124,7 +124,7 @@ def test_basic_auth(tmp_path: Path) -> None:
 def test_unknown_user_costs_the_same_pbkdf2_as_a_wrong_password(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 10.15: the user name must not be learnable by timing. Both failures run the same
+    """The user name must not be learnable by timing. Both failures run the same
     derivation (same iterations, same salt: the real hash's), observed on the real hashlib."""
     calls: list[tuple[bytes, int]] = []
     real = hashlib.pbkdf2_hmac
@@ -159,8 +159,8 @@ def test_tls(certificate: tuple[Path, Path]) -> None:
 def test_silent_tls_clients_block_nobody_and_close_promptly(
     certificate: tuple[Path, Path],
 ) -> None:
-    """Issue 10.2: TCP clients that never send a ClientHello neither delay other scrapes (the
-    handshake ran in the accepting thread: 15 s+) nor ``close``; the server drops them at the
+    """TCP clients that never send a ClientHello neither delay other scrapes (a handshake in
+    the accepting thread would hold them 15 s+) nor ``close``; the server drops them at the
     request deadline."""
     cert, key = certificate
     context = ssl.create_default_context(cafile=str(cert))
@@ -187,8 +187,9 @@ def test_silent_tls_clients_block_nobody_and_close_promptly(
 
 
 def test_slowloris_holds_no_threads_and_no_renders() -> None:
-    """Issue 10.3: 300 connections dribbling a request head hold no thread each (they held 300)
-    and cause no render when they give up; a real scrape still goes through meanwhile."""
+    """300 connections dribbling a request head hold no thread each (a thread per connection
+    would be 300) and cause no render when they give up; a real scrape still goes through
+    meanwhile."""
     renders = 0
 
     def render() -> bytes:
@@ -212,7 +213,7 @@ def test_slowloris_holds_no_threads_and_no_renders() -> None:
 
 
 def test_concurrent_scrapes_all_complete_rendered_once_per_interval() -> None:
-    """Issue 10.3: 2,000 scrapes from 200 threads while intervals arrive every 50 ms: every one
+    """2,000 scrapes from 200 threads while intervals arrive every 50 ms: every one
     answered with a complete exposition, and renders <= intervals + 1 (the one before any)."""
     exporter = PrometheusExporter(CollectorConfig(interval_s=0.05))
     rng = np.random.default_rng(7)

@@ -395,7 +395,7 @@ def test_stack_labels_are_summed_away() -> None:
 
 
 def test_torn_sum_interval_survives_window_expiry() -> None:
-    """Issue 10.1: 5 samples, then count 0 with sum 7,000 ns (a torn sum Snapshot.delta keeps),
+    """5 samples, then count 0 with sum 7,000 ns (a torn sum Snapshot.delta keeps),
     then empty intervals past the 60 s ranking and quantile window: no KeyError, and the series
     leaves the windows exactly when its last interval does."""
     exporter = PrometheusExporter(CollectorConfig(quantile_windows_s=(60.0,)))
@@ -423,7 +423,7 @@ def test_torn_sum_interval_survives_window_expiry() -> None:
 
 
 def test_exposition_passes_promtool(tmp_path: Path) -> None:
-    """Issue 12.5: Prometheus' own linter accepts every family: histograms, quantile gauges
+    """Prometheus' own linter accepts every family: histograms, quantile gauges
     (their label is not the summaries' reserved "quantile"), counters and self-metrics."""
     promtool = shutil.which("promtool")
     assert promtool is not None, "promtool (Debian's prometheus package) is not installed"

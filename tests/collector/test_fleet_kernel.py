@@ -5,9 +5,9 @@ scraped as two ``instance``s by one real Prometheus. A CPU hog starts beside hos
 show no jump on host B while the fault lasts.
 
 Real hosts share no CPU; these two share the machine's second one with both agents, Prometheus
-and the test. So host B's victim runs real-time (SCHED_FIFO): the machine's own noise, which on
-2 Dec jumped its P99 2 -> 5 ms in about one run of four, does not reach it, and a jump of B's
-series can only be the fault leaking across instances, which is what the test is about."""
+and the test. So host B's victim runs real-time (SCHED_FIFO): the machine's own noise, which can
+jump its P99 2 -> 5 ms (about one run of four on this 2-core host), does not reach it, and a
+jump of B's series can only be the fault leaking across instances, what the test is about."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ FAULT_S = 20.0
 HOG_CPU = 0
 REAL_TIME: Final = "import os\nos.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))\n"
 # Host B's victim: sleeps 1 ms, spins 0.5 ms. Real-time, it takes its share of the CPU the agents,
-# Prometheus and this test share before any of them; VICTIM_LOOP's 2 ms spins took two thirds,
-# and agent A then stalled for ~20 s at the hog's start (7 Dec, 3 of 5 runs).
+# Prometheus and this test share before any of them; VICTIM_LOOP's 2 ms spins take two thirds,
+# and agent A then stalls for ~20 s at the hog's start (3 of 5 runs on this 2-core host).
 LIGHT_VICTIM_LOOP: Final = VICTIM_LOOP.replace("+ 0.002", "+ 0.0005")
 
 
@@ -153,8 +153,8 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
         time.sleep(BASELINE_S)
         hog = Workload([python_task("hog", HOG_CODE, cpu=HOG_CPU)], base=host_a)
         # Timed before the start: this test shares its CPU with both agents, Prometheus and B's
-        # real-time victim, and was seen to return from the hog's start 15 s after the hog ran
-        # (7 Dec; agent A's ticks stalled as long, see LIGHT_VICTIM_LOOP).
+        # real-time victim, and can return from the hog's start 15 s after the hog ran (agent
+        # A's ticks then stall as long, see LIGHT_VICTIM_LOOP).
         injected = time.time()
         with hog:
             time.sleep(FAULT_S)
@@ -219,7 +219,7 @@ def test_two_hosts_explain_names_the_right_instance(kernel_ready: None, tmp_path
     assert aggressors[0]["aggressor"] == hog.cgroup_path("hog"), (jumps, timeline)
     # Host B: no jump of any of its series when the hog arrived (in the window A's is dated in),
     # none it displaced, and nothing of A's subtree in B's series (or of B's in A's): each agent
-    # exported its own subtree only. Later, B's own noise may show (CI: its real-time victim's
+    # exported its own subtree only. Later, B's own noise may show (e.g. its real-time victim's
     # P99 7 -> 46 us, 17 s into the fault, with nothing of A's on its CPU).
     on_b = [
         j

@@ -1,4 +1,4 @@
-"""Pods from cgroup paths (issue 16.4): fake cgroup trees (real directories) shaped like the
+"""Pods from cgroup paths: fake cgroup trees (real directories) shaped like the
 kubelet's systemd and cgroupfs layouts, pod names from a kubelet double serving a /pods PodList
 over real HTTP, and the labels as the real exporter serves them."""
 

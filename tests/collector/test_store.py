@@ -291,7 +291,7 @@ def test_bit_flip_in_a_segment_header_is_reported_and_the_rest_read(
 
 
 @pytest.mark.parametrize(
-    "stray", [bytes(100), b"these are my notes, not a recording\n" * 3, b"TSR2" + bytes(40)]
+    "stray", [bytes(100), b"these are notes, not a recording\n" * 3, b"TSR2" + bytes(40)]
 )
 def test_stray_segment_files_are_skipped_and_reported(tmp_path: Path, stray: bytes) -> None:
     docs = good_recording(tmp_path)
