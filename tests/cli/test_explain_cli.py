@@ -69,8 +69,8 @@ def test_html_file(tmp_path: Path) -> None:
 
 
 def test_html_to_a_bad_path_keeps_the_text_and_exits_2(tmp_path: Path) -> None:
-    """Regression: a missing directory or an unwritable path gave a traceback (exit 1) and no
-    text report at all."""
+    """A missing directory or an unwritable path for --html: the text report still, then a
+    message and exit 2, not a traceback."""
     recording = tmp_path / "rec"
     _write(recording)
     taken = tmp_path / "taken"  # a directory where the file should go: unwritable, even for root

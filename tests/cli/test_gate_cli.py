@@ -126,7 +126,7 @@ def test_missing_path_and_empty_directory_exit_2(runs: dict[str, Path], tmp_path
     assert code == 2 and "no *.json" in output
 
 
-# -- bad input is exit 2 with a message, never a traceback or a verdict (issue 10 item 12) --------
+# -- bad input is exit 2 with a message, never a traceback or a verdict ---------------------------
 
 
 def _variant(runs: dict[str, Path], tmp_path: Path, name: str, edit: Callable[[str], str]) -> Path:
@@ -168,7 +168,8 @@ def test_hostile_run_files_exit_2(
     ],
 )
 def test_non_finite_parameters_exit_2(runs: dict[str, Path], option: list[str]) -> None:
-    # inf used to pass a 30 % slowdown (exit 0), nan to make every verdict inconclusive (exit 3).
+    # Taken as values, inf would pass a 30 % slowdown (exit 0), nan make every verdict
+    # inconclusive (exit 3).
     code, output = _gate("-b", str(runs["base"]), "-c", str(runs["worse"]), *option)
     assert code == 2 and "error:" in output, output
 

@@ -136,13 +136,13 @@ def _replay_interleaved(
     itch: Path, root: Path, delays_us: dict[str, float], blocks: int, runs: int
 ) -> dict[str, list[Path]]:
     """Block by block, each side in turn, as `make gate` does: a slow drift of the shared machine
-    then hits every side alike (CI once saw A and A' run one after the other differ by 18 % at
-    the P50, a false regression). Every other block runs in reverse (A B A', A' B A, ...), so
-    each side has each place in a block and each predecessor equally often. In a fixed order A'
-    always ran last, after the busy-waiting B, and CI twice saw all A' runs' P99s above all A's
-    (ratio >= 1.5-1.9, called a regression). Cause not known: an after-B slowdown did not show
-    here (3 Dec, 3 groups A B A' A'': P99 median 280 µs after B, 285-302 µs otherwise), so this
-    is a guard against order and drift within a block, not a proven fix."""
+    then hits every side alike (A and A' run one after the other can differ by 18 % at the P50,
+    a false regression). Every other block runs in reverse (A B A', A' B A, ...), so each side
+    has each place in a block and each predecessor equally often. In a fixed order A' always
+    runs last, after the busy-waiting B, and all A' runs' P99s can land above all A's (ratio
+    >= 1.5-1.9, called a regression). Cause not known: an after-B slowdown does not show alone
+    (3 groups A B A' A'' on this 2-core host: P99 median 280 µs after B, 285-302 µs otherwise),
+    so this is a guard against order and drift within a block, not a proven fix."""
     folders: dict[str, list[Path]] = {side: [] for side in delays_us}
     for block in range(blocks):
         order = list(delays_us.items())
@@ -181,7 +181,7 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     by_name = {c["name"]: c for c in ab["comparisons"]}
     # Ground truth: every order busy-waited delay_us in the strategy before its send, so the
     # median rose by at least about that much. Not asserted for the P99: a 1.5 s run's P99 is
-    # close to its max, set by scheduling hiccups of either side (CI once saw it 135 us lower).
+    # close to its max, set by scheduling hiccups of either side (it can come out 135 us lower).
     rise_us = (by_name["p50"]["candidate_ns"] - by_name["p50"]["baseline_ns"]) / 1e3
     assert rise_us > 0.7 * delay_us, rise_us
     # The breakdown shows it in the stage that holds the wait (book -> decision). Not asserted:
@@ -190,8 +190,8 @@ def test_injected_delay_is_a_regression_and_an_unchanged_build_is_not(
     (decision,) = [s for s in median["stages"] if s["stage"] == "decision"]
     assert decision["candidate_ns"] - decision["baseline_ns"] > 0.7 * delay_us * 1e3, decision
 
-    # A gate built for at most one false fail in 10 A/A comparisons (issue 11) fails an A/A up to
-    # that often by design; what this test rejects is a false regression in each of the tries
+    # A gate built for at most one false fail in 10 A/A comparisons fails an A/A up to that
+    # often by design; what this test rejects is a false regression in each of the tries
     # tests/statistical.py gives that rate: the first A/A pair above, then fresh interleaved ones.
     def aa_try(attempt: int) -> None:
         pair = [base, same]

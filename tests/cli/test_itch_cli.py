@@ -105,7 +105,7 @@ def test_bad_inputs_exit_nonzero(tmp_path: Path) -> None:
     assert runner.invoke(app, bad).exit_code == 2
 
 
-# -- issue 10 -------------------------------------------------------------------------------
+# -- zero length prefixes, paths that are not files, bad targets ------------------------------
 
 
 def _counts(messages: list[itch.Message]) -> dict[str, int]:
@@ -116,7 +116,7 @@ def _counts(messages: list[itch.Message]) -> dict[str, int]:
 
 
 def test_stats_reads_a_file_whose_length_prefixes_are_all_zero(tmp_path: Path) -> None:
-    # Issue 10 item 9: such a file read as one garbage run of 0 messages.
+    # Framing by prefix alone would read such a file as one garbage run of 0 messages.
     messages = list(generate_day(4, symbols=3, messages=5000))
     path = tmp_path / "zero.itch"
     path.write_bytes(b"".join(b"\x00\x00" + itch.encode(m) for m in messages))
@@ -132,7 +132,7 @@ def test_stats_reads_a_file_whose_length_prefixes_are_all_zero(tmp_path: Path) -
 
 
 def test_stats_on_what_is_not_a_regular_file_says_what_it_is(tmp_path: Path) -> None:
-    # Issue 10 item 14: these said "no such file"; a FIFO would block the open forever.
+    # Each is named for what it is, not "no such file"; a FIFO would block the open forever.
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path, what in [(tmp_path, "is a directory"), (fifo, "not a regular file (a FIFO)"),
@@ -167,8 +167,8 @@ def test_stats_refuses_a_fifo_even_with_a_writer_waiting(tmp_path: Path) -> None
 def test_generate_bad_target_or_symbols_is_exit_2_and_writes_nothing(
     tmp_path: Path, target: str, args: list[str], message: str
 ) -> None:
-    # Issue 10 item 13: these were tracebacks (FileNotFoundError, IsADirectoryError, ValueError
-    # from the encoder after part of the day was generated).
+    # Each is a message before anything is written, not a traceback (FileNotFoundError,
+    # IsADirectoryError, ValueError from the encoder after part of the day was generated).
     out = tmp_path / "out"
     out.mkdir()
     path = str(out / target).rstrip("/.") if target == "." else str(out / target)

@@ -47,7 +47,7 @@ def test_is_loopback() -> None:
 
 
 def test_plain_password_in_hash_file_exit_2(tmp_path: Path) -> None:
-    """Issue 10.13: a file holding the password itself, not its hash, is bad input."""
+    """A file holding the password itself, not its hash, is bad input."""
     plain = tmp_path / "password"
     plain.write_text("hunter2\n")
     argv = ["serve", "--probe", "runqueue", "--basic-auth-user", "prom"]

@@ -288,8 +288,8 @@ def _as_nobody(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_unprivileged_trace_says_root_or_capabilities_once(tmp_path: Path) -> None:
-    """Regression: as a plain user, trace printed bcc's "Failed to compile BPF module ...
-    Operation not permitted" once per probe and never said what was needed."""
+    """As a plain user, trace says once what it needs, instead of bcc's "Failed to compile BPF
+    module ... Operation not permitted" once per probe."""
     tailsight = str(Path(sys.executable).with_name("tailsight"))
     run = _as_nobody(tailsight, "trace", "--duration", "1", cwd=tmp_path)
     assert run.returncode == 2, run.stderr
@@ -304,7 +304,8 @@ def test_unprivileged_trace_says_root_or_capabilities_once(tmp_path: Path) -> No
 def test_unprivileged_serve_and_record_say_root_or_capabilities_once(
     tmp_path: Path, command: list[str]
 ) -> None:
-    """Regression: serve and record printed one "not attached" line per probe and exited 1."""
+    """As a plain user, serve and record say once what they need (exit 2), not one "not
+    attached" line per probe."""
     tailsight = str(Path(sys.executable).with_name("tailsight"))
     run = _as_nobody(tailsight, *command, cwd=tmp_path)
     assert run.returncode == 2, run.stderr

@@ -1,4 +1,4 @@
-"""The interactive parts of the trace view on hand-built documents whose counts we know: heatmap
+"""The interactive parts of the trace view on hand-built documents whose counts are known: heatmap
 cells against a naive count per band, the exact per-interval P99, selection and keys, 80 columns."""
 
 from __future__ import annotations

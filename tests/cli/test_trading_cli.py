@@ -105,7 +105,7 @@ def test_detached_up_is_stopped_by_down(tmp_path: Path) -> None:
 
 
 def test_up_as_unprivileged_user_says_needs_root(tmp_path: Path) -> None:
-    """Regression: as `nobody`, `trading up` died with a RuntimeError traceback from `ip netns`."""
+    """As `nobody`, `trading up` says it needs root, not a traceback from `ip netns`."""
     _require_root()  # to switch to nobody
     tailsight = Path(sys.executable).with_name("tailsight")
     drop = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
