@@ -208,7 +208,7 @@ def _check_ground_truth(
     # Who displaced the victim: of the other cgroups with a label, the spinner pinned to its CPU
     # (the rest of this shared host is "other": its share depends on whatever else runs here).
     # The victim's own threads also displace each other (its hopping thread lands on the shared
-    # CPU every other 5 ms): CI once saw them at 33.2 ms/s beside the spinner's 32.8.
+    # CPU every other 5 ms): as much as the spinner at times (e.g. 33.2 ms/s beside its 32.8).
     displaced = _last(_series(prometheus, _fill(_displaced_by(), victim), start, end))
     named = {
         k: v for k, v in displaced.items() if k not in ("aggressor=other", f"aggressor={victim}")

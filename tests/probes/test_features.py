@@ -65,7 +65,7 @@ def test_find_cgroup2_mount_missing(tmp_path: Path) -> None:
 
 
 def test_find_cgroup2_mount_here_is_a_cgroup2_filesystem() -> None:
-    # Ground truth from statfs(2) via stat(1), not from the mount table we parsed.
+    # Ground truth from statfs(2) via stat(1), not from the mount table parsed here.
     mount = find_cgroup2_mount()
     fs_magic = subprocess.run(
         ["stat", "-f", "-c", "%t", str(mount)], capture_output=True, text=True, check=True

@@ -73,7 +73,7 @@ def _run_mover(probe: MigrationProbe, tag: str) -> tuple[int, int, Snapshot]:
     with Workload([task], base=private_base(tag)) as workload:
         process = workload.process("mover")
         assert process.stdin is not None and process.stdout is not None
-        _wait_sleeping(process.pid)  # asleep on stdin: it cannot migrate while we read
+        _wait_sleeping(process.pid)  # asleep on stdin: it cannot migrate during the read
         kernel_before, before = _nr_migrations(process.pid), probe.read()
         process.stdin.write(b"go\n")
         process.stdin.flush()

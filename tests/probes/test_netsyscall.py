@@ -1,4 +1,4 @@
-"""The socket syscall probe against workloads whose syscalls we know exactly: a prime number of
+"""The socket syscall probe against workloads whose syscalls are known exactly: a prime number of
 UDP sendto/recvfrom on loopback, EAGAIN errors, and the cgroup filter; the syscall table against
 the installed uapi headers."""
 

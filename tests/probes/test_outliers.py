@@ -263,7 +263,7 @@ def test_runqueue_outliers_under_contention_carry_victim_stacks(kernel_ready: No
         ) as probe,
     ):
         time.sleep(1.5)
-        # Stopped tasks leave the CPU: every pending outlier is sent before we read.
+        # Stopped tasks leave the CPU: every pending outlier is sent before the read.
         _stop(w.pids())
         snapshot = probe.read()
         victim = w.cgroup_id("victim")

@@ -211,7 +211,7 @@ def test_sleeping_task_has_no_bogus_latency(probe: RunQueueProbe) -> None:
     timeslices = stat_after[1] - stat_before[1]
     # The kernel's own count of the task's runs is the truth the probe must match. Not every
     # 1 ms sleep blocks: a timer that fires before the task schedules out returns at once
-    # (do_nanosleep), so under load a few sleeps cost no wait (CI, 2 Dec: 94 waits of 97 sleeps).
+    # (do_nanosleep), so under load a few sleeps cost no wait (e.g. 94 waits of 97 sleeps).
     assert hist.count <= timeslices <= hist.count + 2
     assert hist.count >= SLEEPS * 0.9
     # A wakeup onto an idle CPU: schedstat's run_delay omits the idle exit (__schedule skips the

@@ -1,6 +1,7 @@
 """The TCP state probe against ground truth it does not produce: connection counts and connect()
 durations measured by the workload itself, the kernel's TCP_INFO retransmit count, and sockets
-whose cgroup we chose; plus the offset self-check catching wrong offsets, and the pure labelling."""
+whose cgroup the test chose; plus the offset self-check catching wrong offsets, and the pure
+labelling."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def _assert_counted(count: int, expected: int, missed: int, evidence: str) -> No
 
 def _evidence(probe: TcpStateProbe, interval: Snapshot, start_ns: int, port: int) -> str:
     """Where a missing sample went: the probe's drops (``missed_run``, the runs the kernel
-    skipped: most likely behind the 31 connects but 24 lifetimes CI once saw, which left no
+    skipped: most likely behind a run of 31 connects but 24 lifetimes, which left no
     evidence to check), the states of the sockets still tracked since the test began, and the
     kernel's own table of the server port's sockets."""
     drops = _drops(interval)

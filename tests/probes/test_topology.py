@@ -112,7 +112,7 @@ def test_possible_cpu_ids_is_the_highest_possible_cpu_plus_one(
 
 
 def test_running_machine_bounds_our_cpu_ids() -> None:
-    # Ground truth: the CPUs we may run on, and the kernel's own cpuN directories.
+    # Ground truth: the CPUs this process may run on, and the kernel's own cpuN directories.
     assert max(os.sched_getaffinity(0)) < possible_cpu_ids()
     cpus = [int(d.name[3:]) for d in Path("/sys/devices/system/cpu").glob("cpu[0-9]*")]
     assert max(cpus) < possible_cpu_ids()
