@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.analysis.explain import ExplainConfig, explain_documents
+from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
 from tailsight.analysis.inject import (
     INTERVAL_S,
     KINDS,
@@ -31,6 +31,7 @@ from tailsight.workload import private_base
 from tests.statistical import run_tries
 
 FAULT_S = 8.0
+INJECTION_PASS_RATE = 0.95  # per recording of one kind: measured (tests/README.md)
 QUIET_PASS_RATE = 0.95  # per 16 s quiet recording: the goal, and measured (tests/README.md)
 
 
@@ -79,23 +80,24 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
     # reclaim yields to them at cond_resched; kblockd ran 19 ms per 2 s on its CPU; displaced
     # 0 -> 11 ms per interval), with the root's own wait behind the victim, or with PSI io
     # (refault reads count as io too: io rose 0.65-0.75x as much as memory, once 1.3x).
-    tries = []
-    for attempt in range(3):
+    passed: list[tuple[Report, Injection]] = []
+
+    def injection_try(attempt: int) -> None:
         try:
             injection = run_injection(kind, tmp_path / f"rec{attempt}", FAULT_S, FAULT_S)
         except RecorderStalled as stalled:
-            tries.append(str(stalled))
-            continue
+            raise AssertionError(str(stalled)) from stalled
         wrong = fault_happened(injection)
-        assert not wrong, f"{kind}: {'; '.join(wrong)} ({injection.kernel_counters})"
+        if wrong:
+            pytest.fail(f"{kind}: {'; '.join(wrong)} ({injection.kernel_counters})")
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection)
-        tries.append(f"{result}\n{report.render_text()}")
         dated = abs(result.time_error_s) <= 3 * INTERVAL_S + 0.5
-        if result.found and dated and result.top1:
-            break
-    else:
-        pytest.fail("\n\n".join(tries))
+        assert result.found and dated and result.top1, f"{result}\n{report.render_text()}"
+        passed.append((report, injection))
+
+    run_tries(injection_try, INJECTION_PASS_RATE)
+    ((report, injection),) = passed
     # The HTML report carries the incident and its cause.
     page = render_html(report, injection.documents)
     assert 'data-role="incident"' in page and 'data-series="cause"' in page
