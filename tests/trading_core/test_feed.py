@@ -153,8 +153,8 @@ def test_exchange_simulator_feed_builds_the_file_book(topo: Topology, day: Path,
 
 @pytest.mark.kernel
 def test_a_message_waiting_behind_an_earlier_one_is_queued_not_in_system(topo: Topology) -> None:
-    """Regression: the second message of a packet was charged the first one's handling in
-    in-system tick-to-trade. A 300 µs first message (busy-waited in the callback, its end
+    """The second message of a packet is not charged the first one's handling in in-system
+    tick-to-trade: a 300 µs first message (busy-waited in the callback, its end
     stamped here as ground truth) shows up as the second one's ``queue``, not its in-system."""
     from tailsight.trading_core import itch
     from tailsight.trading_core.timing import IN_SYSTEM, QUEUE, RECEIVE, StageTimer
@@ -188,7 +188,7 @@ def test_a_message_waiting_behind_an_earlier_one_is_queued_not_in_system(topo: T
             assert timer.ready_ns[row] >= handled_until[second - 1]
         queue, in_system = timer.latencies_ns(QUEUE), timer.latencies_ns(IN_SYSTEM)
         assert min(queue[1::2]) >= 300_000, queue
-        assert in_system.size == 0  # no orders here: the per-message spans are what we check
+        assert in_system.size == 0  # no orders here: the per-message spans are what is checked
         receive = timer.stamps[1::2, RECEIVE] - timer.ready_ns[1::2]
         assert (receive >= 0).all() and (receive < 300_000).all(), receive
     finally:

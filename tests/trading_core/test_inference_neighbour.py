@@ -1,19 +1,18 @@
-"""The inference stage as a noisy neighbour (issue 13, item 6): the trading system replays a
-day with its CPUs pinned apart, recorded by `tailsight record`; a first run without inference,
-a second with the default model, whose worker inherits the trading CPU. Ground truth: when the
-worker started (and when it began scoring beside the feed). `explain` on the recording must
-put the inference cgroup first as what displaced the trading process's run-queue wait, dated
-within a few intervals of a start.
+"""The inference stage as a noisy neighbour: the trading system replays a day with its CPUs
+pinned apart, recorded by `tailsight record`; a first run without inference, a second with
+the default model, whose worker inherits the trading CPU. Ground truth: when the worker
+started (and when it began scoring beside the feed). `explain` on the recording must put the
+inference cgroup first as what displaced the trading process's run-queue wait, dated within a
+few intervals of a start.
 
-The trading CPU holds the trading process, then its worker, and nothing else we start: the
-recorder (``inject.recording`` keeps it off ``inject.CPU``), the exchange and this test run on
-the other CPUs. A first version had the recorder (nice -10, symbolizing the worker's stacks) on
-the trading CPU: in a failing run the worker's load took 38 s instead of ~6 s, the recorder's
-intervals stretched to 8-14 s over the second run, and the trading process's own jump was not
-found (only that of /, as in CI).
+The trading CPU holds the trading process, then its worker, and nothing else the test starts:
+the recorder (``inject.recording`` keeps it off ``inject.CPU``), the exchange and this test run
+on the other CPUs. With the recorder (nice -10, symbolizing the worker's stacks) on the trading
+CPU, the worker's load can take 38 s instead of ~6 s, the recorder's intervals stretch to 8-14 s
+over the second run, and the trading process's own jump is not found (only that of /).
 
 A recording whose trading jump is dated more than an interval before the worker started is
-void (foreign work on the trading CPU: seen once on the shared development machine) and counts
+void (foreign work on the trading CPU, which a shared development machine can have) and counts
 as a miss; a pass needs one recording whose explain names the worker first, within the tries
 tests/statistical.py gives the stated per-recording rate."""
 
@@ -160,9 +159,9 @@ def test_explain_names_the_inference_worker_on_the_feeds_cpu(
     )  # fmt: skip
     ticks = fast_forward_off_hours(load_ticks(day))
     speed = speed_for_duration(ticks.timestamps_ns, RUN_S)
-    # The accuracy goal is 90 % top-1 (issue 15), so a recording misses up to 1 in 10 by design:
-    # CI saw the jump dated 2.3 s after scoring began (tolerance 2 s), and once the worker ranked
-    # second after a syscall_errors cause. A recording disturbed before the worker started is a
+    # The accuracy goal is 90 % top-1, so a recording misses up to 1 in 10 by design (e.g. the
+    # jump dated 2.3 s after scoring began, beyond the 2 s tolerance, or the worker ranked second
+    # after a syscall_errors cause). A recording disturbed before the worker started is a
     # miss too.
     run_tries(
         lambda attempt: neighbour_try(

@@ -3,8 +3,8 @@
 itch-book needs the session date, which it takes from a NASDAQ-style file name
 (``MMDDYYYY.NASDAQ_ITCH50``, ``SMMDDYY-v50``, ``YYYYMMDD.BX_ITCH_50``) or from ``date=``; its
 ``seq`` column is the 1-based ordinal of the message in the file. Its ``bbo`` table has one row
-per change of price or size at the touch, so we replay our book, record the same rows, and
-compare whole trajectories, not only the final top of book.
+per change of price or size at the touch, so the test replays tailsight's book, records the same
+rows, and compares whole trajectories, not only the final top of book.
 """
 
 from __future__ import annotations

@@ -202,8 +202,8 @@ def test_wrong_length_prefix_on_a_known_type_is_repaired(tmp_path: Path) -> None
 
 
 def test_prefix_above_every_spec_length_is_not_repaired(tmp_path: Path) -> None:
-    # Issue 6: a prefix over 50 is garbage whatever the type byte; repairing such prefixes
-    # turned random bytes that hold a type letter into messages.
+    # A prefix over 50 is garbage whatever the type byte; repairing such prefixes would turn
+    # random bytes that hold a type letter into messages.
     path = tmp_path / "prefix.itch"
     frames = [frame(w) for w in WIRES]
     frames[5] = frame(WIRES[5], length=99)
@@ -294,7 +294,7 @@ def test_empty_file(tmp_path: Path) -> None:
     assert messages == [] and report.clean
 
 
-# -- review cases (issue 6) -----------------------------------------------------------------
+# -- oversized prefixes and damage inside messages -------------------------------------------
 
 
 @functools.cache
@@ -383,8 +383,8 @@ def test_zero_bytes_inserted_inside_a_message_never_misframe(tmp_path: Path) -> 
 
 
 def test_book_fed_from_a_damaged_file_sees_only_real_orders(tmp_path: Path) -> None:
-    # The review's symptom end to end: every Add Order the reader yields carries the shares of a
-    # real order (the damage site is inside an Add Order).
+    # End to end: every Add Order the reader yields carries the shares of a real order (the
+    # damage site is inside an Add Order).
     wires = _day(2000)
     offsets = _frame_offsets(wires)
     clean = b"".join(frame(w) for w in wires)
@@ -614,7 +614,7 @@ def test_reading_a_large_file_uses_bounded_memory(tmp_path: Path) -> None:
     assert message_peak < 8 * 2**20, message_peak
 
 
-# -- issue 10: zero length prefixes, damaged gzip, paths that are not files -------------------
+# -- zero length prefixes, damaged gzip, paths that are not files ----------------------------
 
 
 def _zero_prefixed(wires: tuple[bytes, ...]) -> bytes:
@@ -627,7 +627,7 @@ def _zero_prefixed(wires: tuple[bytes, ...]) -> bytes:
 def test_zero_prefixed_file_reads_every_message_reported_once(
     tmp_path: Path, chunk_size: int, compress: bool
 ) -> None:
-    # Issue 10 item 9: such a file read as one garbage run, 0 messages.
+    # Framing by prefix alone would read such a file as one garbage run, 0 messages.
     wires = _day(20_000)
     path = tmp_path / "zero.itch"
     data = _zero_prefixed(wires)
@@ -726,7 +726,7 @@ def _complete_frames(wires: tuple[bytes, ...], length: int) -> int:
 
 @pytest.mark.slow
 def test_gzip_cut_in_half_keeps_all_that_inflates_and_reports_the_cut(tmp_path: Path) -> None:
-    # Issue 10 item 10: nothing came back, and the error pointed at a read-chunk edge.
+    # All that inflates comes back, and the error names the cut, not a read-chunk edge.
     wires, plain, whole = _gzip_day()
     cut = whole[: len(whole) // 2]
     path = tmp_path / "cut.itch.gz"
@@ -747,7 +747,7 @@ def test_gzip_cut_in_half_keeps_all_that_inflates_and_reports_the_cut(tmp_path: 
 def test_gzip_with_two_flipped_bytes_near_the_end_keeps_what_comes_before(
     tmp_path: Path,
 ) -> None:
-    # Issue 10 item 10: two flipped bytes near the end lost the whole file.
+    # Two flipped bytes near the end cost only what comes after them, not the whole file.
     wires, _, whole = _gzip_day()
     damaged = bytearray(whole)
     first = len(whole) - 3000
@@ -802,7 +802,7 @@ def test_concatenated_gzip_members_and_padding_read_as_one_stream(tmp_path: Path
 
 
 def test_paths_that_are_not_regular_files_are_refused_up_front(tmp_path: Path) -> None:
-    # Issue 10 item 14: a FIFO or /dev/zero hung the reader (and replay, which shares it).
+    # A FIFO or /dev/zero would hang the reader (and replay, which shares it).
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     writer = os.open(fifo, os.O_RDWR)  # a writer that never writes: reading would block

@@ -138,7 +138,7 @@ def test_replay_through_strategy_and_gateway_reconciles_with_the_exchange(
         # The exchange's account view (its matching engine's fills) and ours agree exactly.
         assert result.reconcile_problems == [] and counters["reconcile_differences"] == 0
         assert counters["fills"] == counters["exchange_fills"] > 0
-        # Our quotes traded and rested, so the stream is the file plus what we caused.
+        # The strategy's quotes traded and rested, so the stream is the file plus what they caused.
         assert counters["exchange_market_messages"] == MESSAGES
         assert counters["messages"] == counters["exchange_published_messages"] > MESSAGES
         assert book_state(result.book) == book_state(_published_book(result))
@@ -355,7 +355,7 @@ def _replay_command(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
 def test_replay_of_a_file_that_is_not_regular_exits_2_at_once(tmp_path: Path, kind: str) -> None:
-    """Regression: ``replay`` on a FIFO or /dev/zero hung reading it."""
+    """``replay`` on a FIFO, /dev/zero or a directory exits 2 at once instead of reading it."""
     if kind == "fifo":
         target = tmp_path / "feed.fifo"
         os.mkfifo(target)

@@ -91,8 +91,8 @@ def test_histograms_and_anomalies_match_per_tick_reference(
 
 
 def test_negative_span_is_counted_with_an_example_not_raised() -> None:
-    """Regression: a kernel stamp after the order's send (a clock step) raised
-    ``ValueError: negative latency`` from ``histograms`` and the whole replay aborted."""
+    """A kernel stamp after the order's send (a clock step) is counted as a clock anomaly with
+    an example, not raised as ``ValueError: negative latency``, which would abort the replay."""
     timer = StageTimer(3)
     timer.intended_ns[:] = [0, 1_000, 2_000]
     timer.stamps[:, KERNEL_RX] = [10_000, 30_000_000, 12_000]
@@ -155,9 +155,9 @@ def test_document_round_trips_with_labels_and_counters() -> None:
 
 
 def test_wait_behind_earlier_messages_is_the_queue_stage_not_in_system() -> None:
-    """Regression: the second message of a packet was charged the first one's handling (order
-    send included) in in-system tick-to-trade and in "decode" (stamped from the packet's
-    pickup). Now it counts from when the handler was free; the wait is ``queue``."""
+    """The second message of a packet is not charged the first one's handling (order send
+    included) in in-system tick-to-trade or in "decode" (stamped from the packet's pickup): it
+    counts from when the handler was free; the wait is ``queue``."""
     timer = StageTimer(2)
     # One packet, both messages received by the kernel at 100 µs; the first is handled
     # 105-160 µs (its order sent at 150 µs), the second 160-190 µs.
