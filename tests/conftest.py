@@ -32,7 +32,7 @@ def automatic_gc_back_on() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def kernel_ready() -> None:
-    """Skip (or, in CI, fail) unless we are root and bcc is importable."""
+    """Skip (or, in CI, fail) unless running as root with bcc importable."""
     if os.geteuid() != 0:
         pytest.skip("kernel: needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)")
     try:

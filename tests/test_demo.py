@@ -125,7 +125,7 @@ def test_demo_names_the_injected_neighbour_and_cleans_up(
 ) -> None:
     before = _temporary()
     # Two tries, each checked for leftovers: on this shared 2-core machine about one run in four
-    # (2 Dec) saw the trading process's wait rise in two steps (x3 at the injection, x3 more some
+    # sees the trading process's wait rise in two steps (x3 at the injection, x3 more some
     # seconds later); explain then dates the victim's jump at the larger step and the demo says
     # it did not name the hog first (exit 1). A known weakness of dating, in the closing note.
     for attempt in range(2):
@@ -153,8 +153,8 @@ def test_demo_names_the_injected_neighbour_and_cleans_up(
     assert cause in narrative, text
     # When: the first incident whose likely cause is the hog starts when its earliest jump does
     # (the headline or one of its "*" jumps), against the moment the test saw the hog's cgroup
-    # populated. A rise in two steps (CI, 2 Dec: x1.5 at the injection, x3 six seconds later;
-    # 7 Dec: 3.7 -> 11 ms four seconds later) dates the victim's own series at the larger step,
+    # populated. A rise in two steps (e.g. x1.5 at the injection, x3 six seconds later; or
+    # 3.7 -> 11 ms four seconds later) dates the victim's own series at the larger step,
     # while a jump of the same incident (the exchange's, an aggregate's) dates the first.
     headlines = list(re.finditer(r"\d+\. \S.*? (?:rose|fell) ", narrative))
     ends = [h.start() for h in headlines[1:]] + [len(narrative)]

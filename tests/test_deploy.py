@@ -1,4 +1,4 @@
-"""deploy/ (issue 16.3): every Kubernetes manifest against the Kubernetes 1.34 schema
+"""deploy/: every Kubernetes manifest against the Kubernetes 1.34 schema
 (kubernetes-validate, strict: unknown fields fail), the ServiceMonitor against the
 prometheus-operator CRD's own schema (vendored in tests/fixtures), the remote_write examples
 with `promtool check config`, the DaemonSet's arguments through the real `serve` parser, the
