@@ -753,13 +753,13 @@ def _incident(
     # Retransmits towards the headline's cgroup over its own connection are direct evidence for
     # a call's or a connection's time: before circumstantial candidates (a neighbour's call
     # burst) of whatever effect size. Not for a run-queue wait: there they are a consequence
-    # (a starved receiver acknowledges late; the demo saw 88 beside the hog that caused both).
+    # (a starved receiver acknowledges late; e.g. 88 in the demo, beside the hog behind both).
     # A run-queue wait mostly displaced by a cgroup that is not busy answering calls (a plain
     # CPU hog) is explained by it: a neighbour's call burst at the same time is then a side
-    # effect (the demo's exchange polled 10x more while the hog slowed trading: CI ranked it
-    # first), and so are retransmits towards it (the starved receiver acknowledged late: CI, 3
-    # Dec, ranked 31 -> 159 of them before a 147 -> 384 ms displacement). When the displacer's
-    # own calls rose too, the calls may be the root cause.
+    # effect (e.g. the demo's exchange polls 10x more while the hog slows trading), and so are
+    # retransmits towards it (the starved receiver acknowledges late: 31 -> 159 of them beside a
+    # 147 -> 384 ms displacement, however much more they rose). When the displacer's own calls
+    # rose too, the calls may be the root cause.
     forced = {c.cgroup for c in causes if c.forced_migrations}
     top = _top_aggressor(causes, mine) if waiting else None
     busy = {c.cgroup for c in causes if c.kind == COUNTER_CAUSES[CALLS]}

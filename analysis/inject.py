@@ -136,8 +136,8 @@ MEMORY_VICTIM_CODE: Final = HIGH_PRIORITY + (
     "    page.close()\n"
 )
 # The migrations fault's steady neighbour: spins 7 ms, sleeps 1 ms. It shares its CPU with the
-# recorder; beside one that never slept, official CI twice saw the recorder stall for the whole
-# fault (cause not found: here a nice-0 sleeper beside it wakes within 4 ms). The gap leaves that
+# recorder; beside one that never sleeps, the recorder can stall for the whole fault (cause not
+# known: a nice-0 sleeper beside it wakes within 4 ms on this 2-core host). The gap leaves that
 # CPU idle now and then for whatever else must run there.
 NEIGHBOUR_CODE: Final = HIGH_PRIORITY + (
     "import time\n"
@@ -326,7 +326,7 @@ def _threads(pid: int) -> str:
 class RecorderWatch:
     """What the recorder's threads did while it recorded, sampled every WATCH_S, and what each
     CPU did meanwhile: where a recorder that stopped writing intervals was, and whether it was
-    starved of CPU or blocked (CI could not tell, twice)."""
+    starved of CPU or blocked (the intervals alone cannot tell)."""
 
     pid: int
     seen: Counter[str] = field(default_factory=Counter)
