@@ -1,5 +1,5 @@
 """What trace, serve and record run (collector/wiring.py) with scripted fake probes: trace's live
-session is the agent's loop, so its whole-run total is exactly the old cumulative subtraction,
+session is the agent's loop, so its whole-run total is exactly the last reading minus the first,
 and a map that went backwards costs it one interval, as it does the agent."""
 
 from __future__ import annotations
@@ -63,8 +63,7 @@ def test_session_total_is_the_cumulative_difference(
     total = session.document()
     session.close()
     assert warnings == []
-    # What trace computed before it ran on the agent: last reading minus the baseline, named
-    # once, probes in attach order.
+    # Ground truth: last reading minus the baseline, named once, probes in attach order.
     expected = HistDocument(start_ns=session.total.start_ns, end_ns=total.end_ns)
     for probe in fakes.values():
         part = (probe.readings[-1] - probe.readings[0]).to_document(

@@ -319,8 +319,8 @@ def _frame_offsets(wires: tuple[bytes, ...]) -> list[int]:
 def test_oversized_prefix_is_garbage_and_does_not_swallow_the_stream(
     tmp_path: Path, where: str, junk: bytes
 ) -> None:
-    # Review case 1: "ff ff" read as a 65535-byte prefix took the rest of a small file (~13 KB
-    # of valid messages) as a truncated tail.
+    # "ff ff" read as a 65535-byte prefix would take the rest of a small file (~13 KB of valid
+    # messages) as a truncated tail.
     wires = _day()
     head = 0 if where == "start" else 100
     path = tmp_path / "ffff.itch"
@@ -357,8 +357,8 @@ def test_prefix_above_every_spec_length_is_never_skipped_as_a_frame(
 
 
 def test_zero_bytes_inserted_inside_a_message_never_misframe(tmp_path: Path) -> None:
-    # Review case 2: "00 00" inserted inside a message: the frame straddling the damage was
-    # delivered (a book fed from it saw an ask size of 2.9e9), and 44 KB were skipped.
+    # "00 00" inserted inside a message: a reader that delivers the frame straddling the damage
+    # feeds a book an ask size of 2.9e9, and can skip 44 KB.
     wires = _day()
     offsets = _frame_offsets(wires)
     clean = b"".join(frame(w) for w in wires)
