@@ -17,7 +17,7 @@ exchange process, ``<base>/trading`` the trading process, whose one thread is th
 tick-to-trade path: receive, decode, book, strategy, order send, and between ticks the order
 session's responses (acks, fills, heartbeats). One thread because that is how tick-to-trade paths
 are built and because a second one costs more than it saves here: with the gateway's reader in
-its own thread, the two fought for the GIL and in-system P50 was 31 ms instead of tens of µs (a
+its own thread, the two fight for the GIL and in-system P50 is 31 ms instead of tens of µs (a
 process hop instead costs two wakeups per tick). A run that fails is reported as
 ``ReplayRunError`` with its reason; the system restarts what died and the next run goes on.
 """

@@ -214,7 +214,7 @@ def test_aa_false_fail_rate_at_most_nominal() -> None:
 
 
 def test_at_the_recommended_30_runs_aa_passes_and_ten_percent_is_caught() -> None:
-    # docs/ci-gate.md recommends 30 runs per side; the goals are 8 in 10 for both (true
+    # docs/ci-gate.md recommends 30 runs per side; the goals are 8 in 10 for both (true
     # rates ~0.9 and ~0.85-0.9 in bench_gate_calibration; seeded like it, by the run count).
     trials = 100
     same = _aa_or_ab(1.0, trials, runs=RECOMMENDED_RUNS, seed=RECOMMENDED_RUNS)

@@ -1,5 +1,5 @@
-"""Soak: `tailsight serve` with every probe for TAILSIGHT_SOAK_S seconds (default 180; the
-issue's full run is 600) under cgroup churn (a cgroup with a process that spins, sends UDP and
+"""Soak: `tailsight serve` with every probe for TAILSIGHT_SOAK_S seconds (default 180; a
+full run is 600) under cgroup churn (a cgroup with a process that spins, sends UDP and
 connects, created every second and removed three seconds later) and eight threads scraping /metrics
 every second: the agent stays
 alive, every scrape answers, every interval is exported (the interval counter keeps pace with

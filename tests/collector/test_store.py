@@ -347,7 +347,7 @@ def test_resync_is_linear_in_the_segment_size(
         scan = scan_segment(path)
         monkeypatch.undo()
         assert scan.documents == [] and scan.skipped_bytes == size - len(SEGMENT_HEADER)
-        assert counter.bytes <= size  # today's reader: about size**2 / 24 (43 GB for 1 MiB)
+        assert counter.bytes <= size  # a quadratic resync: size**2 / 24 (43 GB for 1 MiB)
         checksummed[size] = counter.bytes
     # Resync still finds a good record after damage that is all heads.
     docs = make_documents(2, seed=13)
