@@ -248,7 +248,7 @@ def homogeneity_test(
     Cells end at fixed quantiles of the pooled histogram (CELL_QUANTILES, finer in the tail),
     merged until each expects at least 5 events, so the degrees of freedom do not grow with the
     bucket count: over one cell per populated 5 µs bucket (180 cells), a statistic divided by a
-    bursty tail's dispersion (26) left a x5 P99 jump unconfirmed (p = 0.017; now 3e-44)."""
+    bursty tail's dispersion (26) leaves a x5 P99 jump unconfirmed (p = 0.017; 3e-44 here)."""
     from scipy.stats import chi2
 
     total_before, total_after = int(before.sum()), int(after.sum())

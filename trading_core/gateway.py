@@ -161,7 +161,7 @@ class Gateway:
         close: the server ends the session before it closes, so a login right after is not
         refused as a session still in use."""
         if self.connected:
-            self._closing = "logout"  # the server closing its side now is our doing
+            self._closing = "logout"  # the server closing its side now is this logout's doing
             with contextlib.suppress(OSError):
                 self._send(soup.LogoutRequest())
                 self._await_close(timeout_s)
