@@ -339,6 +339,6 @@ def busiest_cgroups(series: Iterable[Series]) -> list[str]:
 
 
 def _close_quietly(probe: Probe) -> None:
-    # Closing must not hide the error that made us close.
+    # Closing must not hide the error that caused the close.
     with contextlib.suppress(Exception):
         probe.close()

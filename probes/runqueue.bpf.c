@@ -13,7 +13,8 @@
  * last_queued on the new CPU: that part is the rise of run_delay since the task's last
  * switch-in this probe saw, with no arrival in between (pcount unchanged), kept per task in a
  * tid-indexed array tagged with the tid (RUNQUEUE_MAX_THREADS; a colliding or unseen tid, or
- * an arrival the tracepoint missed, leaves that part out, as before).  The whole wait is then
+ * an arrival the tracepoint missed, leaves that part out: the wait counts from the new CPU's
+ * enqueue only).  The whole wait is then
  * one sample, charged to the task that held the CPU it finally got.
  *
  * Attach point (tp_btf where the kernel takes it, else a raw tracepoint; same source, reads via
