@@ -2,8 +2,8 @@
 nftables): per fault kind, top-1 and top-3 cause and the time error of the incident's start;
 quiet recordings (no injection) and how often a report names an incident of the victim there.
 
-Same-run baseline: the answer the report gave before causes across probes existed, i.e. only the
-run-queue aggressor of a jump of the victim (right for the CPU hog kinds, blind to the others; a
+Same-run baseline: the answer without causes across probes, i.e. only the run-queue aggressor
+of a jump of the victim (right for the CPU hog kinds, blind to the others; a
 throttled victim waits behind nobody). The faults that set a limit print the kernel's own
 counters of it beside their score (cpu.stat, memory.failcnt, PSI): whether the fault bit.
 
@@ -55,7 +55,7 @@ def heavy_lock() -> Iterator[None]:
 
 
 def baseline_top1(report: Report, injection: Injection) -> bool:
-    """The old report's answer: the first aggressor of the victim's run-queue jump."""
+    """The run-queue-only answer: the first aggressor of the victim's run-queue jump."""
     for jump in report.jumps:
         if jump.labels.get("cgroup") != injection.victim or jump.displacement is None:
             continue
