@@ -27,8 +27,10 @@ from tailsight.collector.wiring import build_agent
 from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
 from tailsight.workload import Task, Workload, contention, default_cpu, private_base
 from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
+from tests.statistical import run_tries
 
 K = 4
+CHURN_PASS_RATE = 0.9  # per try of the churn test: estimated (tests/README.md)
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
@@ -178,6 +180,12 @@ def _rmdir(directory: Path) -> None:
 def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Path) -> None:
     if not Path(PROMETHEUS).exists():
         pytest.skip("kernel: /usr/bin/prometheus missing (run `make setup`)")
+    run_tries(lambda attempt: _churn_try(tmp_path / f"try{attempt}"), CHURN_PASS_RATE)
+
+
+def _churn_try(tmp_path: Path) -> None:
+    """One collector and Prometheus under 200 short-lived cgroups: at most K + 1 named."""
+    tmp_path.mkdir()
     base = private_base("churn")
     port = free_port()
     config = CollectorConfig(
@@ -242,13 +250,13 @@ def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Pa
                             'count({__name__=~"tailsight_.+",cgroup="",victim=""})'
                         )
                     total = prometheus.scalar('count({__name__=~"tailsight_.+"})')
-                    assert total <= fixed + per_cgroup * (K + 1) + pairs
+                    assert total <= fixed + per_cgroup * (K + 1) + pairs, (total, fixed)
         finally:
             for directory in [d for d in churn_root.iterdir() if d.is_dir()]:
                 with contextlib.suppress(OSError):
                     _rmdir(directory)
             _rmdir(churn_root)
-        assert checks >= 2
+        assert checks >= 2, f"{checks} checks in {time.monotonic() - churn_began:.1f} s"
         running.freeze()
         wait_for_scrape_of(prometheus, running.agent)
         labelled = prometheus.query("count by (cgroup) (tailsight_runqueue_wait_seconds_count)")

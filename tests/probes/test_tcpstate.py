@@ -38,10 +38,12 @@ from tailsight.probes.tcpstate import (
     state_name,
 )
 from tailsight.workload import Task, Workload, private_base, python_task
+from tests.statistical import run_tries
 
 CONNECTS = 31  # prime: a stray or missing event cannot hide in a round number
 SETTLE_TIMEOUT_S = 10.0
 HANDSHAKE_RETRIES = 6  # tcp_syn_retries: SYNs sent again at most
+LIFETIME_PASS_RATE = 0.9  # per try of the lifetime tests: estimated (tests/README.md)
 
 # A server accepting `count` connections, reading each to EOF and closing it; it listens only
 # after "go" (so its sockets belong to the cgroup it was moved into) and prints its port.
@@ -323,11 +325,21 @@ def test_connects_are_charged_to_the_connecting_cgroup(probe: TcpStateProbe) -> 
 
 
 @pytest.mark.kernel
-def test_sockets_open_at_once_each_get_their_lifetime(probe: TcpStateProbe) -> None:
+def test_sockets_open_at_once_each_get_their_lifetime(kernel_ready: None) -> None:
     """The socket table holds many live sockets at once (sets of ways picked by a hash of the
-    address): every one of 2 x 1,009 sockets open together is tracked to its close."""
+    address): every one of 2 x 1,009 sockets open together is tracked to its close. Each try
+    attaches its own probe: in the module's, an entry left by a run the kernel skipped in an
+    earlier test (its CLOSE unseen) is found again as stale_socket by a socket born at that
+    address here."""
+    run_tries(lambda attempt: _open_at_once_try(), LIFETIME_PASS_RATE)
+
+
+def _open_at_once_try() -> None:
     held = 1_009  # prime
-    with Workload([_task("holder", HOLDER_CODE, held)], base=private_base("tcp")) as workload:
+    with (
+        TcpStateProbe() as probe,
+        Workload([_task("holder", HOLDER_CODE, held)], base=private_base("tcp")) as workload,
+    ):
         holder = workload.cgroup_id("holder")
         before = probe.read()
         start_ns = time.monotonic_ns()
@@ -341,7 +353,7 @@ def test_sockets_open_at_once_each_get_their_lifetime(probe: TcpStateProbe) -> N
     _assert_counted(_hist(interval, holder, "lifetime").count, 2 * held, missed, evidence)
     _assert_counted(_hist(interval, holder, "connect").count, held, missed, evidence)
     drops = _drops(interval)
-    assert drops["sock_table_full"] == drops["stale_socket"] == 0
+    assert drops["sock_table_full"] == drops["stale_socket"] == 0, evidence
 
 
 ESTABLISHED, LISTEN = 1, 10  # include/net/tcp_states.h
@@ -358,7 +370,13 @@ def _disconnect(sock: socket.socket) -> None:
 def test_a_socket_born_over_a_stale_entry_gets_its_own_lifetime(probe: TcpStateProbe) -> None:
     """An entry left by a socket whose CLOSE went unseen (e.g. under a cgroup filter set since)
     must not pass its state to the next socket at that address: the stale entry is forged here
-    by writing a listener's state (born unknown) back at a closed socket's address."""
+    by writing a listener's state (born unknown) back at a closed socket's address. The sockets
+    are this process's, counted in its cgroup and the whole host's drops: any other socket
+    there in the same moment fails a try."""
+    run_tries(lambda attempt: _stale_entry_try(probe), LIFETIME_PASS_RATE)
+
+
+def _stale_entry_try(probe: TcpStateProbe) -> None:
     own = own_cgroup_id()
     table = probe._bpf[b"tcpstate_socks"]
     with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
@@ -390,7 +408,7 @@ def test_a_socket_born_over_a_stale_entry_gets_its_own_lifetime(probe: TcpStateP
         interval = _settle(probe, before, own, 2)
 
     lifetimes = _hist(interval, own, "lifetime")  # the client's second life and its accepted peer
-    assert lifetimes.count == 2
+    assert lifetimes.count == 2, _drops(interval)
     assert max(i for i, n in lifetimes.sparse_buckets()) <= bucket_index(lived_ns)
     assert interval.counters[(DROPPED, labels(reason="stale_socket"))] == 1
 
