@@ -42,7 +42,7 @@ from tailsight.analysis.attribution import (
     rate_increase_p_value,
 )
 from tailsight.analysis.jumps import benjamini_hochberg
-from tailsight.collector.cgroups import is_within
+from tailsight.cgroups import is_within
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS

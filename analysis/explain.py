@@ -57,7 +57,7 @@ from tailsight.analysis.jumps import (
 )
 from tailsight.analysis.quantiles import describe, quantile_name, series_arrays
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
-from tailsight.collector.cgroups import is_within
+from tailsight.cgroups import is_within
 from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.histfile import HistDocument, LabelKey

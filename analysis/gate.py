@@ -60,7 +60,7 @@ from tailsight.analysis.quantiles import (
     tail_events,
 )
 from tailsight.histfile import HistDocument, LabelKey, label_key
-from tailsight.trading_core.timing import IN_SYSTEM
+from tailsight.stages import IN_SYSTEM
 
 JSON_FORMAT: Final = "tailsight.gate/2"
 DEFAULT_STAGE: Final = IN_SYSTEM

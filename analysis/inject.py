@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
 from tailsight.histfile import HistDocument
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from tailsight.collector.cgroups import find_cgroup2_mount
+from tailsight.cgroups import find_cgroup2_mount
 from tailsight.probes import cgroupfiles, pressure, throttle
 from tailsight.probes.cgroupfiles import WATCHED_BUSIEST, find_v1_mount
 from tailsight.probes.pressure import PressureProbe

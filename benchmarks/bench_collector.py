@@ -79,8 +79,8 @@ def tick_cost(
 ) -> tuple[list[float], int, int]:
     """CPU seconds per tick (the synthetic reads' own left out), series exported, bytes
     recorded."""
+    from tailsight.cgroups import CgroupResolver
     from tailsight.collector.agent import Agent
-    from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from prometheus_client import generate_latest
 
+    from tailsight.cgroups import CgroupResolver
     from tailsight.collector.agent import Agent
-    from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.probes.catalog import BPF_PROBES

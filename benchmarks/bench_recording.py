@@ -24,8 +24,8 @@ from bench_collector import SyntheticProbe
 
 def interval_documents(cgroups: int, intervals: int, root: Path) -> list[Any]:
     """What the agent hands the writer: one document per tick over every catalog probe."""
+    from tailsight.cgroups import CgroupResolver
     from tailsight.collector.agent import Agent
-    from tailsight.collector.cgroups import CgroupResolver
     from tailsight.collector.config import CollectorConfig
     from tailsight.probes.catalog import BPF_PROBES
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from tailsight.collector.cgroups import is_within
+from tailsight.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import ProbeStatus, RecordingStatus
 from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
@@ -30,7 +30,7 @@ FULL_COLLECTION_EVERY_INTERVALS: Final = 60
 """How often a running agent collects cyclic garbage (automatic collection is off meanwhile)."""
 
 if TYPE_CHECKING:
-    from tailsight.collector.cgroups import CgroupResolver
+    from tailsight.cgroups import CgroupResolver
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
     from tailsight.probes.base import Probe

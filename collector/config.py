@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import normalize
+from tailsight.cgroups import normalize
 from tailsight.collector.store import group_id
 
 DEFAULT_ADDRESS: Final = "127.0.0.1"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
-from tailsight.collector.cgroups import is_within
+from tailsight.cgroups import is_within
 from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
 from tailsight.histfile import CounterPairs, HistDocument

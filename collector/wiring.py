@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tailsight.cgroups import CgroupResolver, find_cgroup2_mount, normalize
 from tailsight.collector.agent import Agent, run_every
-from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount, normalize
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_context
 from tailsight.collector.exporter import PrometheusExporter

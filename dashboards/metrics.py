@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from tailsight import stages
 from tailsight.probes.catalog import PROBES
-from tailsight.trading_core import timing
 
 # Label of the exact-quantile gauges naming the quantile ("0.99"); and of their window ("60s").
 QUANTILE_LABEL: Final = "q"  # not "quantile": Prometheus reserves that for summaries
@@ -109,11 +109,12 @@ TAIL_JUMP_AGGRESSOR_SHARE: Final = "tailsight_tail_jump_aggressor_share"
 # series per ``stage``) as the exporter names it; the feed's counters become replay_<name>_total.
 STAGE_LATENCY: Final = LatencyMetric("replay", "latency", "Stage latency", ("stage",))
 STAGE: Final = "stage"
-# Stage names as the replay writes them (trading_core/timing.py says what each one spans).
-PIPELINE_STAGES: Final = (timing.WIRE, timing.QUEUE, *timing.STAGES[1:])
-IN_SYSTEM_STAGE: Final = timing.IN_SYSTEM
-IN_SYSTEM_WITH_QUEUE_STAGE: Final = timing.IN_SYSTEM_WITH_QUEUE
-TICK_TO_TRADE_STAGE: Final = timing.TICK_TO_TRADE
+# Stage names as the replay writes them (tailsight/stages.py; trading_core/timing.py says what
+# each one spans).
+PIPELINE_STAGES: Final = (stages.WIRE, stages.QUEUE, *stages.STAGES[1:])
+IN_SYSTEM_STAGE: Final = stages.IN_SYSTEM
+IN_SYSTEM_WITH_QUEUE_STAGE: Final = stages.IN_SYSTEM_WITH_QUEUE
+TICK_TO_TRADE_STAGE: Final = stages.TICK_TO_TRADE
 FEED_GAPS: Final = "tailsight_replay_gaps_detected_total"
 FEED_RECOVERED: Final = "tailsight_replay_recovered_messages_total"
 FEED_REREQUESTS: Final = "tailsight_replay_rerequests_sent_total"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, normalize
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, normalize
 from tailsight.probes.loader import ProbeError
 
 WATCHED_BUSIEST: Final = 32

@@ -18,10 +18,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-# Mount discovery (collector/cgroups.py) and the check types and privilege check (host.py) are
+# Mount discovery (tailsight/cgroups.py) and the check types and privilege check (host.py) are
 # re-exported for the callers that import them from here.
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH as DEFAULT_MOUNTS_PATH
-from tailsight.collector.cgroups import find_cgroup2_mount as find_cgroup2_mount
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH as DEFAULT_MOUNTS_PATH
+from tailsight.cgroups import find_cgroup2_mount as find_cgroup2_mount
 from tailsight.probes.btf import Btf, BtfError
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.cgroupfiles import find_v1_mount

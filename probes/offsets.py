@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH, NoCgroupV2Error, own_cgroup_id
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH, NoCgroupV2Error, own_cgroup_id
 from tailsight.probes.btf import Btf, BtfError
 
 # -D macro -> (struct, member path). Probes that read more kernel fields add them here.

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.cgroupfiles import FileProbe, Increments, read_file
 from tailsight.probes.loader import ProbeError

@@ -23,7 +23,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.collector.cgroups import NoCgroupV2Error, own_cgroup_id
+from tailsight.cgroups import NoCgroupV2Error, own_cgroup_id
 from tailsight.probes.base import (
     HIST_ROW,
     CounterInfo,

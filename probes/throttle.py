@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from tailsight.collector.cgroups import DEFAULT_MOUNTS_PATH
+from tailsight.cgroups import DEFAULT_MOUNTS_PATH
 from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labels
 from tailsight.probes.cgroupfiles import (
     RESCAN_INTERVALS,

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from tailsight.collector.cgroups import directory_id, find_cgroup2_mount
+from tailsight.cgroups import directory_id, find_cgroup2_mount
 
 BASE_CGROUP: Final = "tailsight-test"
 

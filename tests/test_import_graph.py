@@ -119,7 +119,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     # and relative or TYPE_CHECKING ones alike.
     assert len(graph) > 80
     assert "tailsight.probes.loader" in graph["tailsight.probes.features"]
-    assert "tailsight.collector.cgroups" in graph["tailsight.probes.offsets"]
+    assert "tailsight.cgroups" in graph["tailsight.probes.offsets"]
     assert any(t.startswith("tailsight.collector.") for t in graph["tailsight.cli.serve"])
 
 

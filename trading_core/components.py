@@ -46,7 +46,7 @@ _PR_SET_PDEATHSIG: Final = 1
 def _mount(mount: Path | None) -> Path:
     if mount is not None:
         return mount
-    from tailsight.probes.features import find_cgroup2_mount
+    from tailsight.cgroups import find_cgroup2_mount
 
     return find_cgroup2_mount()
 

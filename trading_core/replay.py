@@ -599,7 +599,7 @@ class ReplaySystem:
         cgroup_base: str | None = None,
         cgroup_mount: Path | None = None,
     ) -> None:
-        from tailsight.collector.cgroups import find_cgroup2_mount
+        from tailsight.cgroups import find_cgroup2_mount
 
         self.ticks = ticks
         self.topo = topo

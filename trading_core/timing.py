@@ -32,22 +32,17 @@ import numpy.typing as npt
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 
-STAGES: Final = ("kernel_rx", "receive", "decode", "book", "decision", "send", "ack")
-"""Stamp columns in pipeline order: kernel receive, user space starts on the message, ITCH
-decoded, book applied, strategy (risk checks included) decided, just before the order's send(),
-acked. The ``receive`` series runs from the tick's ready time (``StageTimer.ready_ns``)."""
-KERNEL_RX, RECEIVE, DECODE, BOOK, DECISION, SEND, ACK = range(len(STAGES))
-WIRE: Final = "wire"
-"""Exchange send() to the kernel receive stamp: the network path (veth, XDP or UDP stack)."""
-QUEUE: Final = "queue"
-IN_SYSTEM: Final = "in_system_tick_to_trade"
-IN_SYSTEM_WITH_QUEUE: Final = "in_system_with_queue"
-TICK_TO_TRADE: Final = "tick_to_trade"
-PUBLISH_LAG: Final = "publish_lag"
-SERIES: Final = (
-    WIRE, QUEUE, *STAGES[1:], IN_SYSTEM, IN_SYSTEM_WITH_QUEUE, TICK_TO_TRADE, PUBLISH_LAG
-)  # fmt: skip
-"""Every series of a run document, as its ``stage`` label."""
+# The stage names (the document's vocabulary), re-exported for the pipeline's own modules.
+from tailsight.stages import IN_SYSTEM as IN_SYSTEM
+from tailsight.stages import IN_SYSTEM_WITH_QUEUE as IN_SYSTEM_WITH_QUEUE
+from tailsight.stages import PUBLISH_LAG as PUBLISH_LAG
+from tailsight.stages import QUEUE as QUEUE
+from tailsight.stages import SERIES as SERIES
+from tailsight.stages import STAGES as STAGES
+from tailsight.stages import TICK_TO_TRADE as TICK_TO_TRADE
+from tailsight.stages import WIRE as WIRE
+
+KERNEL_RX, RECEIVE, DECODE, BOOK, DECISION, SEND, ACK = range(len(STAGES))  # stamp columns
 UNSET: Final = -1
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tailsight.cgroups import find_cgroup2_mount
 from tailsight.cli.main import app
-from tailsight.collector.cgroups import find_cgroup2_mount
 
 pytestmark = pytest.mark.kernel
 

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tailsight.cgroups import CgroupResolver
 from tailsight.collector.agent import (
     FORGET_EVERY_INTERVALS,
     FULL_COLLECTION_EVERY_INTERVALS,
     Agent,
     RecordingFailed,
 )
-from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter

@@ -19,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from tailsight.cgroups import CgroupResolver
 from tailsight.cli.main import app
-from tailsight.collector.cgroups import CgroupResolver
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.pods import (

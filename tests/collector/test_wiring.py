@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_agent import FakeProbe, script
 
-from tailsight.collector.cgroups import CgroupResolver
+from tailsight.cgroups import CgroupResolver
 from tailsight.collector.wiring import BadInput, RunningTotal, check_probes, open_session
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series

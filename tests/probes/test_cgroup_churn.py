@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import CgroupResolver, find_cgroup2_mount
+from tailsight.cgroups import CgroupResolver, find_cgroup2_mount
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.netsyscall import MAX_SERIES, NetSyscallProbe
 from tailsight.probes.runqueue import DISPLACED_WAIT, MAX_SLOTS, RunQueueProbe

@@ -150,7 +150,7 @@ def test_calls_in_flight_at_once_in_forked_processes_each_count(probe: NetSyscal
 
 
 def _own_cgroup_id() -> int:
-    from tailsight.collector.cgroups import own_cgroup_id
+    from tailsight.cgroups import own_cgroup_id
 
     return own_cgroup_id()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import find_cgroup2_mount
+from tailsight.cgroups import find_cgroup2_mount
 from tailsight.probes.btf import Btf
 from tailsight.probes.offsets import (
     KERNEL_FIELDS,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import find_cgroup2_mount
+from tailsight.cgroups import find_cgroup2_mount
 from tailsight.probes import throttle
 from tailsight.probes.base import Snapshot
 from tailsight.probes.cgroupfiles import RESCAN_INTERVALS, WALKED_PER_READ, find_v1_mount, read_file

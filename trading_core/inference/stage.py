@@ -129,7 +129,7 @@ class BoundedSignalHook(SignalHook):
 def sibling_cgroup(name: str = "inference") -> Path:
     """``name`` beside the calling process's own cgroup (created): a component that places
     the stage next to itself, e.g. ``…/trading`` → ``…/inference``."""
-    from tailsight.collector.cgroups import find_cgroup2_mount, own_cgroup_path
+    from tailsight.cgroups import find_cgroup2_mount, own_cgroup_path
 
     directory = (find_cgroup2_mount() / own_cgroup_path().strip("/")).parent / name
     directory.mkdir(exist_ok=True)

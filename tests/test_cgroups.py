@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.collector.cgroups import (
+from tailsight.cgroups import (
     UNKNOWN,
     CgroupResolver,
     NoCgroupV2Error,
