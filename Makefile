@@ -16,7 +16,7 @@ setup:  ## setup-demo + what tests use: dev tools, torch, llama.cpp (built once)
 	@bash scripts/setup.sh all
 
 demo: setup-demo  ## the whole story in < 2 min: trading system, agent, replay, noisy neighbour, explain
-	$(PY) -m tailsight.demo $(DEMO_ARGS)
+	$(PY) -m tailsight.cli.demo $(DEMO_ARGS)
 
 test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode
 	$(VENV)/bin/ruff check .

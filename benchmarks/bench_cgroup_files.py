@@ -35,7 +35,7 @@ from tailsight.probes import cgroupfiles, pressure, throttle
 from tailsight.probes.cgroupfiles import WATCHED_BUSIEST, find_v1_mount
 from tailsight.probes.pressure import PressureProbe
 from tailsight.probes.throttle import ThrottleProbe
-from tailsight.workload import private_base
+from tailsight.testing.workload import private_base
 
 GOAL_MS = 5.0  # per interval, at 1,000 cgroups
 LIMITED = 20  # cgroups with a CPU quota

@@ -80,6 +80,7 @@ def tick_cost(
     """CPU seconds per tick (the synthetic reads' own left out), series exported, bytes
     recorded."""
     from tailsight.cgroups import CgroupResolver
+    from tailsight.cli.wiring import live_verdicts
     from tailsight.collector.agent import Agent
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
@@ -98,6 +99,7 @@ def tick_cost(
         writer=writer,
         log=lambda m: None,
         create_probe=probes.__getitem__,
+        make_verdicts=live_verdicts,  # as `serve` runs it
     )
     agent.start()
     agent.tick()  # warm the cgroup name cache, as a running agent has
@@ -168,8 +170,8 @@ def real_reads(reads: int) -> tuple[list[str], float]:
 def agent_cost(intervals: int, interval_s: float) -> tuple[list[float], int, set[str]]:
     """The real agent (every probe, exporter, one render per interval): CPU seconds per
     interval, its symbolizer helper's included, series in the last interval, probes attached."""
+    from tailsight.cli.wiring import build_agent
     from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.wiring import build_agent
     from tailsight.probes.symbolizer import shared_symbolizer
 
     def cpu_s() -> float:
@@ -195,7 +197,7 @@ def agent_cost(intervals: int, interval_s: float) -> tuple[list[float], int, set
 
 def loaded_agent_cost(cgroups: int, intervals: int, interval_s: float) -> list[str]:
     """``agent_cost`` without and with ``cgroups`` busy cgroups, as report lines."""
-    from tailsight.workload import Workload, private_base, python_task, socket_task_code
+    from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
 
     idle, idle_series, attached = agent_cost(intervals, interval_s)
     # Every probe busy in every cgroup at ~1 CPU in all, so the agent still gets its share.
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import generate_latest
 
     from tailsight.cgroups import CgroupResolver
+    from tailsight.cli.wiring import live_verdicts
     from tailsight.collector.agent import Agent
     from tailsight.collector.config import CollectorConfig
     from tailsight.collector.exporter import PrometheusExporter
@@ -271,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             exporter=exporter,
             log=lambda m: None,
             create_probe=fakes.__getitem__,
+            make_verdicts=live_verdicts,  # as `serve` runs it
         )
         agent.start()
         renders, client_renders = [], []

@@ -101,7 +101,7 @@ def self_migrations(seconds: float) -> int:
 
 def pipe_ping_pong(seconds: float) -> int:
     """``start_load`` on the default CPU for ``seconds``."""
-    from tailsight.workload import default_cpu
+    from tailsight.testing.workload import default_cpu
 
     pids = start_load(default_cpu())
     try:

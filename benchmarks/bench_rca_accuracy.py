@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from tailsight.analysis.eval import Rate
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
-from tailsight.analysis.inject import (
+from tailsight.testing.inject import (
     KINDS,
     QUIET,
     Injection,

@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_series_budget: skipped (needs root for BPF)")
         return 0
 
+    from tailsight.cli.wiring import build_agent
     from tailsight.collector.config import DEFAULT_TOP_K, CollectorConfig
-    from tailsight.collector.wiring import build_agent
-    from tailsight.workload import Workload, private_base, python_task, socket_task_code
+    from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
 
     config = CollectorConfig()
     cgroups = DEFAULT_TOP_K + 10

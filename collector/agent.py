@@ -2,7 +2,7 @@
 probes, read them every interval, turn cumulative maps into interval documents with cgroup paths
 (one rule for a map that went backwards: that interval is skipped, counting restarts from the new
 reading), and hand each document to its consumers: the Prometheus exporter, the recording store,
-the live view's running total. ``collector/wiring.py`` says which of them each command gets."""
+the live view's running total. ``tailsight/cli/wiring.py`` says which of them each command gets."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from tailsight.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
-from tailsight.collector.exporter import ProbeStatus, RecordingStatus
-from tailsight.collector.verdicts import JumpVerdicts, live_verdicts
+from tailsight.collector.exporter import Family, ProbeStatus, RecordingStatus
 from tailsight.histfile import HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot
 from tailsight.probes.catalog import PROBES, create_probe
@@ -34,6 +33,19 @@ if TYPE_CHECKING:
     from tailsight.collector.exporter import PrometheusExporter
     from tailsight.collector.store import RecordingWriter
     from tailsight.probes.base import Probe
+
+
+class Verdicts(Protocol):
+    """What the agent runs over each interval before the exporter (the live jump verdicts of
+    ``analysis/verdicts.py``, which the application's wiring hands in): their metric families
+    join the exporter's."""
+
+    def update(self, document: HistDocument) -> object: ...
+
+    def families(self) -> list[Family]: ...
+
+
+VerdictsFactory = Callable[["PrometheusExporter", Callable[[str], None]], Verdicts]
 
 
 def run_every(
@@ -94,7 +106,9 @@ class Agent:
     last_tick_cpu_s: float = 0.0
     interval_errors: int = 0
     recording: RecordingStatus = field(default_factory=RecordingStatus)
-    verdicts: JumpVerdicts | None = None  # live jump verdicts (collector/verdicts.py)
+    # Builds the live verdicts over the exporter at start (the wiring passes live_verdicts).
+    make_verdicts: VerdictsFactory | None = None
+    verdicts: Verdicts | None = None
     # Further consumers of each interval document (trace's running total).
     listeners: list[Callable[[HistDocument], object]] = field(default_factory=list)
     started_ns: int = 0  # wall clock just before the baseline reads
@@ -159,8 +173,9 @@ class Agent:
             self.exporter.probes = self.statuses
             if self.config.record_dir is not None:
                 self.exporter.recording = self.recording
-            self.verdicts = live_verdicts(self.exporter, self.log)
-            self.exporter.extra_families.append(self.verdicts.families)
+            if self.make_verdicts is not None:
+                self.verdicts = self.make_verdicts(self.exporter, self.log)
+                self.exporter.extra_families.append(self.verdicts.families)
 
     def _not_attached(self, name: str, probe: Probe | None, error: Exception) -> None:
         reason = " ".join(str(error).split()) or type(error).__name__

@@ -381,7 +381,7 @@ class PrometheusExporter:
         self.bpf_stats_enabled = False
         self.interval_errors = 0
         self.recording: RecordingStatus | None = None
-        # More families served with ours, e.g. the live jump verdicts (collector/verdicts.py).
+        # More families served with ours, e.g. the live jump verdicts (analysis/verdicts.py).
         self.extra_families: list[Callable[[], list[Family]]] = []
         # Bumped by every change a scrape can see; the exposition is rendered once per value.
         self.generation = 0

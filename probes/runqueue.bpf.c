@@ -37,7 +37,7 @@
  * array) adds ~8 ns: 141.1 vs 132.7 ns on one machine, one run each (empty 53.3 and 52.1 ns).  Before (clock stamps in an LRU hash, hash-map
  * histograms, wakeup programs): 731 vs 75 ns (9.8x) plus 268 ns per sched_wakeup.
  *
- * Example (`python -m tailsight.demo`: 2 busy loops in victim, 1 in noisy, one CPU that the
+ * Example (`python -m tailsight.cli.demo`: 2 busy loops in victim, 1 in noisy, one CPU that the
  * rest of a loaded machine, cgroup "/", also wants):
  *   cgroup                  count  P50 µs  P99 µs  P99.9 µs
  *   /tailsight-test/victim    337  25,914  40,747    68,116

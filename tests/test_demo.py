@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tailsight.demo import fast_forward_off_hours, parse_args, window_document
+from tailsight.cli.demo import fast_forward_off_hours, parse_args, window_document
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
@@ -68,7 +68,15 @@ def _alive(pid: int) -> bool:
 def run_demo(out: Path, interrupt_after_injection_s: float | None = None) -> Watched:
     """Run the demo; watch its cgroups and children; optionally Ctrl-C it after the injection."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "tailsight.demo", "--replay-s", str(REPLAY_S), "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "tailsight.cli.demo",
+            "--replay-s",
+            str(REPLAY_S),
+            "--out",
+            str(out),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

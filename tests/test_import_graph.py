@@ -1,7 +1,7 @@
-"""No import cycles among tailsight's modules, counting every import: at module top, inside
-functions and under ``TYPE_CHECKING``. A cycle closed by a function-local import never fails at
-run time, which is how ``probes/offsets.py`` <-> ``probes/features.py`` went unnoticed; this
-reads the graph from the sources instead."""
+"""No import cycles among tailsight's modules and no import against the layer order, counting
+every import: at module top, inside functions and under ``TYPE_CHECKING``. A cycle closed by a
+function-local import never fails at run time, which is how ``probes/offsets.py`` <->
+``probes/features.py`` went unnoticed; this reads the graph from the sources instead."""
 
 from __future__ import annotations
 
@@ -12,6 +12,21 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+LAYERS = (
+    ("core", ()),  # the modules in tailsight/ itself: hist, histfile, cgroups, stages
+    ("probes", ("tailsight.probes",)),
+    ("collector", ("tailsight.collector",)),
+    ("analysis", ("tailsight.analysis",)),
+    ("dashboards", ("tailsight.dashboards",)),
+    ("testing", ("tailsight.testing",)),  # workloads and injections with known ground truth
+    ("application", ("tailsight.cli",)),  # the commands, their wiring, the demo
+)
+"""Lowest first: a module may import its own layer and those below it, never one above."""
+INSTRUMENTED = "tailsight.trading_core"
+"""The trading system tailsight is shown on: only the application imports it, and it uses no
+more of tailsight than the core and the probes (its XDP program compiles with their loader)."""
+INSTRUMENTED_USES = "probes"
 
 
 def package_dirs() -> dict[str, Path]:
@@ -107,9 +122,71 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def layer_of(module: str, path: Path) -> str | None:
+    """The module's layer (``trading_core`` for the instrumented system), None if unassigned."""
+    if module == INSTRUMENTED or module.startswith(INSTRUMENTED + "."):
+        return "trading_core"
+    for layer, packages in LAYERS:
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return layer
+    if module == "tailsight" or (module.count(".") == 1 and path.name != "__init__.py"):
+        return "core"
+    return None
+
+
+def layer_violations(graph: Mapping[str, set[str]], layers: Mapping[str, str]) -> list[str]:
+    """Every import of a higher layer, and of trading_core from outside the application."""
+    rank = {layer: n for n, (layer, _) in enumerate(LAYERS)}
+    rank["trading_core"] = rank[INSTRUMENTED_USES]
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            source_layer, target_layer = layers[module], layers[target]
+            if target_layer == "trading_core":
+                bad = source_layer not in ("trading_core", "application")
+            else:
+                bad = rank[target_layer] > rank[source_layer]
+            if bad:
+                found.append(f"{module} ({source_layer}) -> {target} ({target_layer})")
+    return found
+
+
 def test_no_import_cycles() -> None:
     graph = import_graph()
     assert cycles(graph) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    unassigned = [m for m, path in modules().items() if layer_of(m, path) is None]
+    assert unassigned == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    layers = {module: layer_of(module, path) or "?" for module, path in modules().items()}
+    violations = layer_violations(import_graph(), layers)
+    assert not violations, "imports against the layer order:\n" + "\n".join(violations)
+
+
+def test_layer_violations_are_found() -> None:
+    # A collector module reaching up into analysis, and analysis into trading_core: both named.
+    layers = {
+        "tailsight.hist": "core",
+        "tailsight.collector.agent": "collector",
+        "tailsight.analysis.jumps": "analysis",
+        "tailsight.cli.main": "application",
+        "tailsight.trading_core.timing": "trading_core",
+    }
+    graph = {
+        "tailsight.hist": set(),
+        "tailsight.collector.agent": {"tailsight.hist", "tailsight.analysis.jumps"},
+        "tailsight.analysis.jumps": {"tailsight.trading_core.timing"},
+        "tailsight.cli.main": {"tailsight.analysis.jumps", "tailsight.trading_core.timing"},
+        "tailsight.trading_core.timing": {"tailsight.hist"},
+    }
+    assert layer_violations(graph, layers) == [
+        "tailsight.analysis.jumps (analysis) -> tailsight.trading_core.timing (trading_core)",
+        "tailsight.collector.agent (collector) -> tailsight.analysis.jumps (analysis)",
+    ]
 
 
 def test_the_graph_sees_every_kind_of_import() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.workload import Task, Workload, default_cpu, private_base
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base
 
 
 @pytest.mark.kernel

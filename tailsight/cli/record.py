@@ -64,9 +64,9 @@ def record(
 ) -> None:
     """Record per-cgroup latency histograms, one document per interval."""
     from tailsight.cli.serve import check_probes_or_exit, log_to_stderr
+    from tailsight.cli.wiring import open_recording, stop_on_signals
+    from tailsight.cli.wiring import record as run_record
     from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.wiring import open_recording, stop_on_signals
-    from tailsight.collector.wiring import record as run_record
 
     try:
         config = CollectorConfig(

@@ -141,14 +141,14 @@ def serve(
     ] = False,
 ) -> None:
     """Serve per-cgroup latency histograms to Prometheus until SIGTERM / Ctrl-C."""
-    from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
-    from tailsight.collector.wiring import (
+    from tailsight.cli.wiring import (
         BadInput,
         CannotServe,
         check_cgroup_root,
         stop_on_signals,
     )
-    from tailsight.collector.wiring import serve as run_serve
+    from tailsight.cli.wiring import serve as run_serve
+    from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
 
     if hash_password:
         from tailsight.collector.endpoint import hash_password as make_hash
@@ -203,7 +203,7 @@ def serve(
 def check_probes_or_exit(probes: Sequence[str]) -> None:
     """Known probe names (else exit 2), and the privileges to load them: one message up front
     (exit 2), not a compile failure per probe."""
-    from tailsight.collector.wiring import BadInput, check_probes
+    from tailsight.cli.wiring import BadInput, check_probes
     from tailsight.probes.loader import PrivilegeError
 
     try:

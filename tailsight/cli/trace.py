@@ -27,7 +27,7 @@ from tailsight.cli.trace_view import (
 )
 
 if TYPE_CHECKING:
-    from tailsight.collector.wiring import LiveSession, LiveSource
+    from tailsight.cli.wiring import LiveSession, LiveSource
     from tailsight.histfile import HistDocument
 
 
@@ -35,8 +35,8 @@ def open_session(
     probes: Sequence[str], cgroups: Sequence[str], warn: Callable[[str], None], interval_s: float
 ) -> LiveSession:
     """The collector's live session; a ``--cgroup`` that is not there is bad input (exit 2)."""
-    from tailsight.collector.wiring import BadInput
-    from tailsight.collector.wiring import open_session as open_live_session
+    from tailsight.cli.wiring import BadInput
+    from tailsight.cli.wiring import open_session as open_live_session
 
     try:
         return open_live_session(probes, cgroups, warn, interval_s)
@@ -146,7 +146,7 @@ def trace(
     """Trace latency per cgroup live (Ctrl-C ends with the summary)."""
     from rich.console import Console
 
-    from tailsight.collector.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
+    from tailsight.cli.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
     from tailsight.probes.catalog import PROBES
     from tailsight.probes.loader import PrivilegeError
 

@@ -16,7 +16,7 @@ import pytest
 from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.report_html import render_html
 from tailsight.collector.store import Recording
-from tailsight.workload import Workload, private_base, python_task
+from tailsight.testing.workload import Workload, private_base, python_task
 
 CPU = 0
 INTERVAL_S = 0.5

@@ -13,7 +13,7 @@ import pytest
 
 from tailsight.analysis.causes import Cause
 from tailsight.analysis.explain import ExplainConfig, Incident, Report
-from tailsight.analysis.inject import Injection, ResourceLimit, score
+from tailsight.testing.inject import Injection, ResourceLimit, score
 
 T0 = 1_000_000_000_000
 VICTIM, HOG = "/demo/trading", "/demo/noisy"

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
-from tailsight.analysis.inject import (
+from tailsight.analysis.report_html import render_html
+from tailsight.probes.cgroupfiles import find_v1_mount
+from tailsight.testing.inject import (
     INTERVAL_S,
     KINDS,
     THROTTLE_PERIOD_US,
@@ -25,9 +27,7 @@ from tailsight.analysis.inject import (
     score,
     steal_disturbed,
 )
-from tailsight.analysis.report_html import render_html
-from tailsight.probes.cgroupfiles import find_v1_mount
-from tailsight.workload import private_base
+from tailsight.testing.workload import private_base
 from tests.statistical import run_tries
 
 FAULT_S = 8.0

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.serve import parse_listen
+from tailsight.cli.wiring import is_loopback
 from tailsight.collector.endpoint import verify_password
-from tailsight.collector.wiring import is_loopback
 
 
 def test_hash_password_prints_a_verifiable_hash() -> None:
@@ -79,8 +79,8 @@ def test_record_group_unknown_exit_2_and_known_group_readable(tmp_path: Path) ->
     import grp
     import stat
 
+    from tailsight.cli.wiring import build_agent
     from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.wiring import build_agent
 
     result = CliRunner().invoke(
         app, ["serve", "--record", str(tmp_path / "r"), "--record-group", "no-such-group-x"]

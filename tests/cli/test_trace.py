@@ -21,7 +21,7 @@ runner = CliRunner()
 
 @pytest.mark.kernel
 def test_trace_json_on_workload(kernel_ready: None) -> None:
-    from tailsight.workload import Task, Workload, default_cpu, private_base
+    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
 
     cpu = default_cpu()
     tasks = [Task("victim", cpu=cpu), Task("victim", cpu=cpu), Task("noisy", cpu=cpu)]
@@ -184,8 +184,8 @@ def test_render_fits_80_columns() -> None:
 
 @pytest.mark.kernel
 def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
-    from tailsight.collector.wiring import open_session, wait_until
-    from tailsight.workload import Task, Workload, default_cpu, private_base
+    from tailsight.cli.wiring import open_session, wait_until
+    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
 
     cpu = default_cpu()
     base, outside = private_base("filter"), private_base("outside")
@@ -207,8 +207,8 @@ def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
 
 @pytest.mark.kernel
 def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
-    from tailsight.collector.wiring import open_session
-    from tailsight.workload import Task, Workload, default_cpu, private_base
+    from tailsight.cli.wiring import open_session
+    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
 
     cpu = default_cpu()
     base = private_base("advance")
@@ -239,8 +239,8 @@ def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
 def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None:
     from rich.console import Console
 
-    from tailsight.collector.wiring import open_session
-    from tailsight.workload import Workload, private_base, python_task
+    from tailsight.cli.wiring import open_session
+    from tailsight.testing.workload import Workload, private_base, python_task
 
     sends = 31  # prime
     code = (

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from tailsight.cgroups import CgroupResolver
+from tailsight.cli.wiring import build_agent
 from tailsight.collector.agent import (
     FORGET_EVERY_INTERVALS,
     FULL_COLLECTION_EVERY_INTERVALS,
@@ -36,7 +37,6 @@ from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.store import Recording, RecordingWriter
-from tailsight.collector.wiring import build_agent
 from tailsight.hist import Histogram
 from tailsight.histfile import HistDocument
 from tailsight.probes.base import Snapshot, labels

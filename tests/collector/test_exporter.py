@@ -655,7 +655,7 @@ def test_pairs_folded_as_arrays_export_what_the_counters_one_by_one_do(
     interval by interval, while the top-K changes (two places, cgroups that take turns), ids
     come and go, two ids share a path and one has none. Without histograms the top-K ranks by
     the pairs' switches; with them, by the histograms."""
-    from tailsight.collector.verdicts import JumpVerdicts
+    from tailsight.analysis.verdicts import JumpVerdicts
     from tailsight.probes.base import PairCounters, Snapshot, labels
 
     names = ("runqueue_displaced_wait_ns", "runqueue_displaced_switches")

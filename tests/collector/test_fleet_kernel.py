@@ -24,10 +24,10 @@ from typing import Final
 import pytest
 from typer.testing import CliRunner
 
-from tailsight.analysis.inject import HOG_CODE, VICTIM_CODE, VICTIM_LOOP
 from tailsight.analysis.promsource import PrometheusSource, read_documents
 from tailsight.cli.main import app
-from tailsight.workload import Workload, private_base, python_task, stop_process
+from tailsight.testing.inject import HOG_CODE, VICTIM_CODE, VICTIM_LOOP
+from tailsight.testing.workload import Workload, private_base, python_task, stop_process
 from tests.prometheus_server import PROMETHEUS, Prometheus, prometheus_scraping
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tailsight.cli.wiring import build_agent
 from tailsight.collector.agent import Agent
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import COARSE_BOUNDS_NS
 from tailsight.collector.store import Recording
-from tailsight.collector.wiring import build_agent
 from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
-from tailsight.workload import Task, Workload, contention, default_cpu, private_base
+from tailsight.testing.workload import Task, Workload, contention, default_cpu, private_base
 from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 from tests.statistical import run_tries
 

@@ -25,7 +25,7 @@ import pytest
 from tailsight.collector.exporter import GENERIC_HELP
 from tailsight.collector.store import Recording
 from tailsight.probes.catalog import PROBES
-from tailsight.workload import Workload, private_base, python_task
+from tailsight.testing.workload import Workload, private_base, python_task
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from tailsight.probes.cgroupfiles import find_v1_mount
-from tailsight.workload import Task, Workload, default_cpu, python_task, rmdir_retrying
+from tailsight.testing.workload import Task, Workload, default_cpu, python_task, rmdir_retrying
 
 CPU_MAX: Final = "1000 100000"  # quota and period in µs, as cgroup v2's cpu.max writes them
 

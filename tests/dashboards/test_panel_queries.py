@@ -30,8 +30,8 @@ from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.dashboards import metrics as m
 from tailsight.dashboards.generate import BUILDERS, render
+from tailsight.testing.workload import private_base
 from tailsight.trading_core.timing import STAGES, StageTimer, replay_labels
-from tailsight.workload import private_base
 from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]

@@ -8,8 +8,10 @@ import pytest
 from dashboard_incident import AGGRESSOR, INTERVAL_NS, START_NS, VICTIM, incident
 from grafana_double import grafana_double
 
+from tailsight.analysis.verdicts import JumpVerdicts, Verdict
+from tailsight.cli.wiring import live_verdicts
 from tailsight.collector.exporter import PrometheusExporter
-from tailsight.collector.verdicts import GrafanaAnnotator, JumpVerdicts, Verdict, live_verdicts
+from tailsight.dashboards.annotations import GrafanaAnnotator
 
 CHANGE = 45  # after the detector's 30 reference intervals
 HOLD = 10
@@ -156,7 +158,7 @@ def test_the_statistics_library_loads_when_the_verdicts_start_not_in_an_interval
 
     code = (
         "import sys\n"
-        "from tailsight.collector.verdicts import JumpVerdicts\n"
+        "from tailsight.analysis.verdicts import JumpVerdicts\n"
         "before = 'scipy.stats' in sys.modules\n"
         "JumpVerdicts()\n"
         "print(before, 'scipy.stats' in sys.modules)\n"

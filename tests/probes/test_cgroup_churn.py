@@ -17,7 +17,7 @@ from tailsight.cgroups import CgroupResolver, find_cgroup2_mount
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.netsyscall import MAX_SERIES, NetSyscallProbe
 from tailsight.probes.runqueue import DISPLACED_WAIT, MAX_SLOTS, RunQueueProbe
-from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 from tailsight.probes.bccprobe import hash_map_entries, table_items
 from tailsight.probes.netsyscall import NetSyscallProbe
 from tailsight.probes.runqueue import MAX_SLOTS, RunQueueProbe
-from tailsight.workload import contention, private_base
+from tailsight.testing.workload import contention, private_base
 
 pytestmark = pytest.mark.kernel
 

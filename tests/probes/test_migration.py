@@ -24,7 +24,7 @@ from tailsight.probes.migration import (
 )
 from tailsight.probes.offsets import OffsetCheckError
 from tailsight.probes.topology import CpuTopology
-from tailsight.workload import Workload, private_base, python_task
+from tailsight.testing.workload import Workload, private_base, python_task
 
 FLIPS = 23  # prime: a stray or missing migration cannot hide in a round number
 

@@ -25,7 +25,7 @@ from tailsight.probes.syscalls import (
     net_syscall_numbers,
     syscall_nr_field,
 )
-from tailsight.workload import Workload, private_base, python_task
+from tailsight.testing.workload import Workload, private_base, python_task
 
 ROUND_TRIPS = 101  # prime: a sendto and a recvfrom each
 EMPTY_READS = 53  # prime: recvfrom(MSG_DONTWAIT) on an empty socket -> EAGAIN

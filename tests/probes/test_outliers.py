@@ -36,7 +36,7 @@ from tailsight.probes.outliers import (
     short_stack,
     top_outlier_stacks,
 )
-from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 FLOOR_NS = 1_000_000
 DELAYED_RECVS = 7  # prime; each waits ~20 ms for a sender that sleeps first

@@ -26,7 +26,7 @@ from tailsight.probes.pressure import (
     PressureProbe,
     parse_pressure,
 )
-from tailsight.workload import Task, Workload, default_cpu, private_base
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base
 
 Stall = tuple[int, int]  # (some, full) ns
 

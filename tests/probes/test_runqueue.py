@@ -25,7 +25,7 @@ from tailsight.probes.runqueue import (
     read_steal_ns,
     top_pairs,
 )
-from tailsight.workload import Task, Workload, default_cpu, private_base, python_task
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 WINDOW_S = 3.0
 SLEEPS = 97  # a prime number of 1 ms sleeps

@@ -37,7 +37,7 @@ from tailsight.probes.tcpstate import (
     series_labels,
     state_name,
 )
-from tailsight.workload import Task, Workload, private_base, python_task
+from tailsight.testing.workload import Task, Workload, private_base, python_task
 from tests.statistical import run_tries
 
 CONNECTS = 31  # prime: a stray or missing event cannot hide in a round number

@@ -20,7 +20,7 @@ from tailsight.probes.base import Snapshot
 from tailsight.probes.cgroupfiles import RESCAN_INTERVALS, WALKED_PER_READ, find_v1_mount, read_file
 from tailsight.probes.loader import ProbeError
 from tailsight.probes.throttle import COUNTERS, LIMIT_LABEL, ThrottleProbe, cpu_max_text
-from tailsight.workload import Task, Workload, default_cpu, private_base, rmdir_retrying
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base, rmdir_retrying
 
 Counts = tuple[int, int, int]  # (periods, throttled periods, throttled ns)
 

@@ -29,10 +29,11 @@ from pathlib import Path
 import pytest
 
 from tailsight.analysis.explain import Report, explain_documents
-from tailsight.analysis.inject import CPU, INTERVAL_S, Injection, recording, score
+from tailsight.cli.demo import fast_forward_off_hours
 from tailsight.collector.store import Recording
-from tailsight.demo import fast_forward_off_hours
 from tailsight.histfile import HistDocument
+from tailsight.testing.inject import CPU, INTERVAL_S, Injection, recording, score
+from tailsight.testing.workload import private_base
 from tailsight.trading_core.netns import topology, unique_topology
 from tailsight.trading_core.replay import (
     Placement,
@@ -42,7 +43,6 @@ from tailsight.trading_core.replay import (
     load_ticks,
     speed_for_duration,
 )
-from tailsight.workload import private_base
 from tests.statistical import run_tries
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]

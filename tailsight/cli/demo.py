@@ -1,4 +1,4 @@
-"""``python -m tailsight.demo`` (what ``make demo`` runs): the whole story in under two minutes.
+"""``python -m tailsight.cli.demo`` (what ``make demo`` runs): the whole story in under two minutes.
 
 The reference trading system comes up in its network namespaces and cgroups, the agent starts
 (``tailsight serve --record``), a generated trading day is replayed through it, and half way a
@@ -32,9 +32,9 @@ import numpy as np
 
 from tailsight import dashboards
 from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.testing.workload import stop_process
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
 from tailsight.trading_core.replay import TickFile
-from tailsight.workload import stop_process
 
 REPLAY_S: Final = 40.0
 INTERVAL_S: Final = 0.5  # the agent's; the live view refreshes every other interval
@@ -353,7 +353,7 @@ def show_live(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m tailsight.demo", description=__doc__.split("\n\n")[0]
+        prog="python -m tailsight.cli.demo", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--replay-s", type=float, default=REPLAY_S, help="seconds of replay")
     parser.add_argument(
@@ -394,6 +394,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tailsight.cli.trace_view import VIEW_WIDTH
+    from tailsight.testing.workload import Workload, python_task
     from tailsight.trading_core.netns import topology, unique_topology
     from tailsight.trading_core.replay import (
         Placement,
@@ -403,7 +404,6 @@ def run_demo(args: argparse.Namespace) -> int:
         speed_for_duration,
     )
     from tailsight.trading_core.timing import IN_SYSTEM
-    from tailsight.workload import Workload, python_task
 
     started = time.monotonic()
     console = Console(width=min(Console().width, VIEW_WIDTH), highlight=False)
@@ -489,9 +489,9 @@ def tell(
     """``explain`` over the recording: its narrative, whether it named the injected aggressor
     and when; the report and the recording go to ``out``."""
     from tailsight.analysis.explain import explain_documents
-    from tailsight.analysis.inject import Injection, score
     from tailsight.analysis.report_html import render_html, write_report
     from tailsight.collector.store import Recording
+    from tailsight.testing.inject import Injection, score
 
     assert scene.inject_ns is not None
     # The recording is kept first: whatever explain does, the user can run it again.

@@ -1,6 +1,6 @@
-"""What trace, serve and record run (collector/wiring.py) with scripted fake probes: trace's live
-session is the agent's loop, so its whole-run total is exactly the last reading minus the first,
-and a map that went backwards costs it one interval, as it does the agent."""
+"""What trace, serve and record run (tailsight/cli/wiring.py) with scripted fake probes: trace's
+live session is the agent's loop, so its whole-run total is exactly the last reading minus the
+first, and a map that went backwards costs it one interval, as it does the agent."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_agent import FakeProbe, script
 
 from tailsight.cgroups import CgroupResolver
-from tailsight.collector.wiring import BadInput, RunningTotal, check_probes, open_session
+from tailsight.cli.wiring import BadInput, RunningTotal, check_probes, open_session
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.probes.base import Snapshot
+from tests.collector.test_agent import FakeProbe, script
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tailsight.analysis.eval import LatencyModel
-from tailsight.collector.verdicts import JumpVerdicts, Verdict
+from tailsight.analysis.verdicts import JumpVerdicts, Verdict
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.histfile import Counter, HistDocument, Series
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import operator
+import os
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tailsight.analysis.verdicts import JumpVerdicts
 from tailsight.cgroups import CgroupResolver, find_cgroup2_mount, normalize
 from tailsight.collector.agent import Agent, run_every
 from tailsight.collector.config import CollectorConfig
@@ -117,6 +119,24 @@ def open_recording(config: CollectorConfig) -> RecordingWriter | None:
     )
 
 
+def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> JumpVerdicts:
+    """The agent's verdicts: over the exporter's labelled cgroups, posting Grafana annotations
+    when ``TAILSIGHT_GRAFANA_URL`` and ``TAILSIGHT_GRAFANA_TOKEN`` are set."""
+    url = os.environ.get("TAILSIGHT_GRAFANA_URL", "")
+    token = os.environ.get("TAILSIGHT_GRAFANA_TOKEN", "")
+    annotate = None
+    if url and token:
+        try:
+            # grafana-client and the dashboard builders load in ~0.4 s: only with a Grafana.
+            from tailsight.dashboards.annotations import GrafanaAnnotator
+
+            annotate = GrafanaAnnotator(url, token, log).post
+        except ValueError as error:
+            log(f"grafana annotations off: {error}")
+    kept = lambda cgroup: cgroup in exporter.kept_cgroups("runqueue")  # noqa: E731
+    return JumpVerdicts(keep=kept, annotate=annotate)
+
+
 def build_agent(config: CollectorConfig, log: Log, export: bool) -> Agent:
     """An agent with an exporter (if ``export``) and a recording writer (if configured)."""
     root = config.cgroup_root or find_cgroup2_mount()
@@ -129,7 +149,14 @@ def build_agent(config: CollectorConfig, log: Log, export: bool) -> Agent:
             raise
         failed = error
     exporter = PrometheusExporter(config, pods=pod_labeler(config, log)) if export else None
-    agent = Agent(config, CgroupResolver(root), exporter=exporter, writer=writer, log=log)
+    agent = Agent(
+        config,
+        CgroupResolver(root),
+        exporter=exporter,
+        writer=writer,
+        log=log,
+        make_verdicts=live_verdicts,
+    )
     if failed is not None:
         agent.stop_recording(failed)  # serving without the recording beats not serving
     return agent

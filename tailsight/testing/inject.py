@@ -39,7 +39,7 @@ from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
 from tailsight.histfile import HistDocument
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns
-from tailsight.workload import (
+from tailsight.testing.workload import (
     Task,
     Workload,
     private_base,

@@ -5,16 +5,14 @@ else the aggressors' shares of the victim's extra displaced run-queue wait, coun
 intervals no limit parked it (what runs while a cgroup is throttled displaces nothing); the
 idle task is never an aggressor (its share is the wait on idle CPUs). Exported as
 ``tailsight_tail_jump{…}`` (1 while active) with the quantile before/after, the aggressor shares
-and the throttling, and posted to Grafana as one annotation per jump when a Grafana is
-configured."""
+and the throttling, and handed to ``annotate`` (the agent's wiring posts them to Grafana)."""
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 
@@ -26,13 +24,9 @@ from tailsight.histfile import CounterPairs, HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 
-if TYPE_CHECKING:
-    from tailsight.collector.exporter import PrometheusExporter
-
 DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
 DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
-ANNOTATION_TAGS: Final = ("tailsight", "tail-jump")
 MIN_THROTTLED_SHARE: Final = 0.01
 """Share of the intervals after the change that the limit must have parked the victim (more
 than before) for the verdict to put the jump on the limit."""
@@ -282,52 +276,6 @@ class JumpVerdicts:
                 limited, cpu_max, parked = verdict.throttled
                 throttled.add((*pairs, ("limited_cgroup", limited), (LIMIT_LABEL, cpu_max)), parked)
         return [active, before, after, share, idle, throttled]
-
-
-def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> JumpVerdicts:
-    """The agent's verdicts: over the exporter's labelled cgroups, posting Grafana annotations
-    when ``TAILSIGHT_GRAFANA_URL`` and ``TAILSIGHT_GRAFANA_TOKEN`` are set."""
-    url = os.environ.get("TAILSIGHT_GRAFANA_URL", "")
-    token = os.environ.get("TAILSIGHT_GRAFANA_TOKEN", "")
-    annotate = None
-    if url and token:
-        try:
-            annotate = GrafanaAnnotator(url, token, log).post
-        except ValueError as error:
-            log(f"grafana annotations off: {error}")
-    kept = lambda cgroup: cgroup in exporter.kept_cgroups("runqueue")  # noqa: E731
-    return JumpVerdicts(keep=kept, annotate=annotate)
-
-
-class GrafanaAnnotator:
-    """Posts one Grafana annotation per verdict (``POST /api/annotations``); failures are
-    reported to ``log``, never raised: the agent must keep running without Grafana."""
-
-    def __init__(self, url: str, token: str, log: Callable[[str], None]) -> None:
-        from tailsight.dashboards.push import connect
-
-        self.api = connect(url, token, timeout_s=5.0)
-        self.log = log
-        self.posted = 0
-
-    def post(self, verdict: Verdict) -> None:
-        from grafana_client.client import GrafanaException
-        from niquests.exceptions import RequestException
-
-        jump = verdict.jump
-        start_ns = jump.change_start_ns or 0
-        end_ns = jump.alarm_start_ns or start_ns
-        tags = [*ANNOTATION_TAGS, verdict.labels.get("probe", "")]
-        try:
-            self.api.annotations.add_annotation(  # type: ignore[no-untyped-call]
-                time_from=start_ns // 1_000_000,
-                time_to=end_ns // 1_000_000,
-                tags=[t for t in tags if t],
-                text=verdict.text(),
-            )
-            self.posted += 1
-        except (GrafanaException, RequestException) as error:
-            self.log(f"grafana annotation failed: {error}")
 
 
 def _key(labels: Mapping[str, str]) -> SeriesKey:
