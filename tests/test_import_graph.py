@@ -167,6 +167,21 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not violations, "imports against the layer order:\n" + "\n".join(violations)
 
 
+def test_commands_do_not_import_each_other() -> None:
+    # What two commands share lives in a shared module (cli/shared.py, cli/wiring.py, ...).
+    main = modules()["tailsight.cli.main"]
+    commands = {
+        f"tailsight.cli.{alias.name}"
+        for node in ast.walk(ast.parse(main.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module == "tailsight.cli"
+        for alias in node.names
+    }
+    assert "tailsight.cli.serve" in commands
+    graph = import_graph()
+    crossing = sorted(f"{c} -> {t}" for c in commands for t in graph[c] & commands)
+    assert crossing == []
+
+
 def test_layer_violations_are_found() -> None:
     # A collector module reaching up into analysis, and analysis into trading_core: both named.
     layers = {

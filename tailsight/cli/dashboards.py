@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from tailsight.cli.shared import cannot_read
+
 app = typer.Typer(
     help="Grafana dashboards: generate their JSON, push them, or render the root-cause page.",
     no_args_is_help=True,
@@ -101,7 +103,6 @@ def html_page(
 ) -> None:
     """The root-cause dashboard of a recording as one offline HTML page (no Grafana needed)."""
     from tailsight.analysis.report_html import write_report
-    from tailsight.cli.record import cannot_read
     from tailsight.collector.store import Recording
     from tailsight.dashboards.rootcause_html import render_root_cause
 

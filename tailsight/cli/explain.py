@@ -22,6 +22,7 @@ from tailsight.cli.promread import (
     PrometheusOption,
     StepOption,
 )
+from tailsight.cli.shared import cannot_read, report_problems
 from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ def explain(
     the most likely cause across probes, then the per-series detail."""
     from tailsight.analysis.explain import ExplainConfig, explain_documents, explain_recording
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
-    from tailsight.cli.record import cannot_read, report_problems
     from tailsight.collector.store import Recording
 
     try:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import math
 import sys
@@ -12,7 +11,7 @@ import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -24,10 +23,17 @@ from tailsight.cli.promread import (
     PrometheusOption,
     StepOption,
 )
+from tailsight.cli.shared import (
+    cannot_read,
+    check_probes_or_exit,
+    disk_full,
+    log_to_stderr,
+    reason,
+    report_problems,
+)
 from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
 
 if TYPE_CHECKING:
-    from tailsight.collector.store import Recording
     from tailsight.histfile import HistDocument
 
 VIEW_WIDTH: Final = 80
@@ -63,7 +69,6 @@ def record(
     ] = None,
 ) -> None:
     """Record per-cgroup latency histograms, one document per interval."""
-    from tailsight.cli.serve import check_probes_or_exit, log_to_stderr
     from tailsight.cli.wiring import open_recording, stop_on_signals
     from tailsight.cli.wiring import record as run_record
     from tailsight.collector.config import CollectorConfig
@@ -86,8 +91,8 @@ def record(
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--group") from error
     except OSError as error:
-        typer.echo(f"error: cannot record to {directory}: {_reason(error)}", err=True)
-        raise typer.Exit(1 if _disk_full(error) else 2) from None
+        typer.echo(f"error: cannot record to {directory}: {reason(error)}", err=True)
+        raise typer.Exit(1 if disk_full(error) else 2) from None
     assert writer is not None
     stop = threading.Event()
     with stop_on_signals(stop):
@@ -98,42 +103,13 @@ def record(
         raise typer.Exit(1)
     if failure is not None:
         typer.echo(
-            f"error: recording to {directory} stopped: {_reason(failure)}; the "
+            f"error: recording to {directory} stopped: {reason(failure)}; the "
             f"{writer.records_written} intervals written before stay readable "
             f"(tailsight show {directory})",
             err=True,
         )
         raise typer.Exit(1)
     log_to_stderr(f"{writer.records_written} intervals recorded in {directory}")
-
-
-def _disk_full(error: OSError) -> bool:
-    return error.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def _reason(error: OSError) -> str:
-    if _disk_full(error):
-        return "disk full"
-    if isinstance(error, FileExistsError):
-        return "exists and is not a directory"
-    if isinstance(error, NotADirectoryError):
-        return "a parent of it is not a directory"
-    return error.strerror or str(error)
-
-
-def cannot_read(directory: Path, error: OSError) -> NoReturn:
-    """A recording this user may not read (permissions): a clear message and exit 2."""
-    where = error.filename or directory
-    hint = " (recordings are 0600: run as their owner, or record with --group)"
-    hint = hint if isinstance(error, PermissionError) else ""
-    typer.echo(f"error: cannot read {where}: {_reason(error)}{hint}", err=True)
-    raise typer.Exit(2)
-
-
-def report_problems(recording: Recording) -> None:
-    """What the last read skipped or merged, one line each on stderr."""
-    for line in recording.report():
-        typer.echo(f"warning: {line}", err=True)
 
 
 def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:

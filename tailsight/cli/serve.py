@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from tailsight.cli.shared import check_probes_or_exit, log_to_stderr
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -19,11 +20,6 @@ def parse_listen(text: str) -> tuple[str, int]:
         raise typer.BadParameter(f"expected HOST:PORT, got {text!r}", param_hint="--listen")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
-
-
-def log_to_stderr(message: str) -> None:
-    """One line per event (attach failures, resets) on stderr."""
-    print(f"tailsight: {message}", file=sys.stderr, flush=True)
 
 
 def serve(
@@ -198,18 +194,3 @@ def serve(
         raise typer.Exit(1) from error
     if not agent.started:
         raise typer.Exit(1)
-
-
-def check_probes_or_exit(probes: Sequence[str]) -> None:
-    """Known probe names (else exit 2), and the privileges to load them: one message up front
-    (exit 2), not a compile failure per probe."""
-    from tailsight.cli.wiring import BadInput, check_probes
-    from tailsight.probes.loader import PrivilegeError
-
-    try:
-        check_probes(probes)
-    except BadInput as error:
-        raise typer.BadParameter(str(error), param_hint=error.option) from None
-    except PrivilegeError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
