@@ -21,7 +21,16 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.gate import DEFAULT_SERIES, GateConfig, Outcome, gate_documents
-from tailsight.analysis.jumps import JumpConfig, benjamini_hochberg, detect_offline
+from tailsight.analysis.jumps import (
+    JumpConfig,
+    TailThreshold,
+    benjamini_hochberg,
+    detect_offline,
+    monitor,
+    pearson_dispersion,
+    quantile_of,
+)
+from tailsight.analysis.quantiles import dense_counts
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument, Series
 
@@ -210,9 +219,6 @@ def pooled_event_test(
     two-proportion z-test of exceedances above the pooled baseline's q-quantile bucket edge."""
     from scipy.stats import norm
 
-    from tailsight.analysis.jumps import TailThreshold
-    from tailsight.analysis.quantiles import dense_counts
-
     base = np.sum([dense_counts(d.series[0].hist) for d in baseline], axis=0)
     cand = np.sum([dense_counts(d.series[0].hist) for d in candidate], axis=0)
     threshold = TailThreshold.from_counts(base, q)
@@ -328,8 +334,6 @@ def dashboard_alarms(
     counts: npt.NDArray[np.int64], config: JumpConfig, factor: float = 1.2
 ) -> list[int]:
     """Baseline rule: alarm when an interval's q-quantile exceeds ``factor`` x the reference's."""
-    from tailsight.analysis.jumps import quantile_of
-
     reference = config.reference_intervals
     limit = factor * quantile_of(counts[:reference].sum(axis=0), config.quantile)
     return [
@@ -343,8 +347,6 @@ def shewhart_alarms(counts: npt.NDArray[np.int64], config: JumpConfig) -> list[i
     """Baseline rule at the same nominal rate: a two-sided z-test of each interval's exceedance
     count against the reference (same threshold and dispersion as the CUSUM, no memory)."""
     from scipy.stats import norm
-
-    from tailsight.analysis.jumps import TailThreshold, pearson_dispersion
 
     reference = config.reference_intervals
     threshold = TailThreshold.from_counts(counts[:reference].sum(axis=0), config.quantile)
@@ -374,8 +376,6 @@ def jump_calibration(
 ) -> JumpCalibration:
     """False alarms on ``series`` stationary series and delays on as many with a ``ratio`` jump of
     the configured quantile at ``change_at``: the CUSUM, a Shewhart test and a dashboard rule."""
-    from tailsight.analysis.jumps import monitor
-
     config = config or JumpConfig()
     model = model or LatencyModel()
     after = model.with_tail_ratio(ratio, q=config.quantile)

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.quantiles import histogram_from_dense, quantile_name, series_arrays
-from tailsight.hist import NUM_BUCKETS
+from tailsight.hist import NUM_BUCKETS, bucket_upper_bounds_ns
 from tailsight.histfile import HistDocument, LabelKey
 
 Direction = Literal["up", "down"]
@@ -99,8 +99,6 @@ class TailThreshold:
     @classmethod
     def from_counts(cls, counts: npt.NDArray[np.int64], quantile: float) -> TailThreshold | None:
         """Bucket edge whose exceedance fraction in ``counts`` is nearest ``1 - quantile``."""
-        from tailsight.hist import bucket_upper_bounds_ns
-
         total = int(counts.sum())
         if total == 0:
             return None

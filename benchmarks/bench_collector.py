@@ -25,14 +25,25 @@ from pathlib import Path
 
 import numpy as np
 
+from tailsight.cgroups import CgroupResolver
+from tailsight.cli.wiring import build_agent, live_verdicts
+from tailsight.collector.agent import Agent
+from tailsight.collector.config import CollectorConfig
+from tailsight.collector.endpoint import MetricsServer
+from tailsight.collector.exporter import PrometheusExporter
+from tailsight.collector.store import RecordingWriter
+from tailsight.hist import NUM_BUCKETS
+from tailsight.probes.base import HIST_ROW, HistogramRows, Snapshot, labels
+from tailsight.probes.catalog import BPF_PROBES, PROBES, create_probe
+from tailsight.probes.symbolizer import shared_symbolizer
+from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
+
 
 class SyntheticProbe:
     """Cumulative histograms and counters for ``cgroups`` cgroup ids, advanced on every read,
     held as the real probes hold theirs: one block of slot rows (``HistogramRows``)."""
 
     def __init__(self, name: str, cgroup_ids: list[int], seed: int) -> None:
-        from tailsight.probes.base import HIST_ROW, labels
-
         self.name = name
         self.keys = [labels(cgroup=i) for i in cgroup_ids]
         self.rng = np.random.default_rng(seed)
@@ -47,9 +58,6 @@ class SyntheticProbe:
         pass
 
     def read(self):  # type: ignore[no-untyped-def]
-        from tailsight.hist import NUM_BUCKETS
-        from tailsight.probes.base import HistogramRows, Snapshot
-
         began = time.process_time()
         # ~40 distinct buckets per cgroup and interval, mostly below 1 ms, a few in the tail.
         shape = (len(self.keys), 40)
@@ -79,14 +87,6 @@ def tick_cost(
 ) -> tuple[list[float], int, int]:
     """CPU seconds per tick (the synthetic reads' own left out), series exported, bytes
     recorded."""
-    from tailsight.cgroups import CgroupResolver
-    from tailsight.cli.wiring import live_verdicts
-    from tailsight.collector.agent import Agent
-    from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.collector.store import RecordingWriter
-    from tailsight.probes.catalog import BPF_PROBES
-
     ids = [os.stat(root / f"cg{n}").st_ino for n in range(cgroups)]
     config = CollectorConfig(top_k=20)
     probes = {name: SyntheticProbe(name, ids, seed) for seed, name in enumerate(BPF_PROBES)}
@@ -117,8 +117,6 @@ def tick_cost(
 
 def scrape_latency(render: Callable[[], bytes], scrapes: int) -> tuple[list[float], int]:
     """Wall seconds per GET /metrics over loopback, and the body size."""
-    from tailsight.collector.endpoint import MetricsServer
-
     server = MetricsServer(render, "127.0.0.1", 0)
     try:
         times, size = [], 0
@@ -138,8 +136,6 @@ def real_reads(reads: int) -> tuple[list[str], float]:
     and slowest, wall / CPU) and the sum of the probes' median CPU s.  The slowest holds the
     one-time costs of a process, e.g. bcc loading /proc/kallsyms (~60 ms) at the first outlier
     stack it names."""
-    from tailsight.probes.catalog import PROBES, create_probe
-
     lines = []
     total_cpu = 0.0
     for name in PROBES:
@@ -170,9 +166,6 @@ def real_reads(reads: int) -> tuple[list[str], float]:
 def agent_cost(intervals: int, interval_s: float) -> tuple[list[float], int, set[str]]:
     """The real agent (every probe, exporter, one render per interval): CPU seconds per
     interval, its symbolizer helper's included, series in the last interval, probes attached."""
-    from tailsight.cli.wiring import build_agent
-    from tailsight.collector.config import CollectorConfig
-    from tailsight.probes.symbolizer import shared_symbolizer
 
     def cpu_s() -> float:
         return time.process_time() + shared_symbolizer().helper_cpu_s()
@@ -197,8 +190,6 @@ def agent_cost(intervals: int, interval_s: float) -> tuple[list[float], int, set
 
 def loaded_agent_cost(cgroups: int, intervals: int, interval_s: float) -> list[str]:
     """``agent_cost`` without and with ``cgroups`` busy cgroups, as report lines."""
-    from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
-
     idle, idle_series, attached = agent_cost(intervals, interval_s)
     # Every probe busy in every cgroup at ~1 CPU in all, so the agent still gets its share.
     code = socket_task_code(spin_s=0.0001, sleep_s=0.02, connect_every=10)
@@ -239,13 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     scrapes = 20 if args.quick else 100
 
     from prometheus_client import generate_latest
-
-    from tailsight.cgroups import CgroupResolver
-    from tailsight.cli.wiring import live_verdicts
-    from tailsight.collector.agent import Agent
-    from tailsight.collector.config import CollectorConfig
-    from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.probes.catalog import BPF_PROBES
 
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp) / "cgroup"

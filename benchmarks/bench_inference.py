@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from tailsight.trading_core.inference.features import BookFeatures, render
+from tailsight.trading_core.inference.runtime import default_runtime, load_runtime
+from tailsight.trading_core.inference.stage import InferenceConfig, InferenceStage
+
 PROMPT_LENGTHS = (16, 64, 256)
 
 
 def _measure(runtime_name: str, threads: int, repeats: int, decode_tokens: int) -> dict[str, Any]:
-    from tailsight.trading_core.inference.features import BookFeatures, render
-    from tailsight.trading_core.inference.runtime import load_runtime
-
     started = time.perf_counter_ns()
     runtime = load_runtime(runtime=runtime_name, threads=threads)
     load_ns = time.perf_counter_ns() - started
@@ -65,8 +66,6 @@ def _measure(runtime_name: str, threads: int, repeats: int, decode_tokens: int) 
 
 
 def _through_stage(runtime: str, threads: int, repeats: int, features: Any) -> dict[str, Any]:
-    from tailsight.trading_core.inference.stage import InferenceConfig, InferenceStage
-
     with InferenceStage(InferenceConfig(runtime=runtime, threads=threads)) as stage:
         trips = []
         for i in range(repeats + 1):
@@ -93,7 +92,6 @@ def main() -> int:
     if args.child:
         print(json.dumps(_measure(args.child, args.threads, repeats, decode_tokens)))
         return 0
-    from tailsight.trading_core.inference.runtime import default_runtime
 
     names = args.runtime or ["transformers", "llama.cpp"]
     if "llama.cpp" in names and importlib.util.find_spec("llama_cpp") is None:

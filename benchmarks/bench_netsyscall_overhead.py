@@ -28,6 +28,9 @@ from bench_probe_overhead import (
     measure,
 )
 
+from tailsight.probes.features import enable_bpf_stats
+from tailsight.probes.netsyscall import NetSyscallProbe
+
 TRACEPOINTS = ("sys_enter", "sys_exit")
 
 
@@ -69,9 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_netsyscall_overhead: skipped (needs root for BPF)")
         return 0
-
-    from tailsight.probes.features import enable_bpf_stats
-    from tailsight.probes.netsyscall import NetSyscallProbe
 
     loads = {"getpid (not traced)": getpid_loop, "sendto (traced)": sendto_loop}
 

@@ -15,6 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+from tailsight.probes.loader import compile_source
+from tailsight.probes.migration import COUNTS_BYTES_PER_CPU, MigrationProbe
+from tailsight.probes.netsyscall import NetSyscallProbe
+from tailsight.probes.runqueue import RunQueueProbe
+from tailsight.probes.tcpstate import TcpStateProbe
+
 CPUS_PROJECTED = (2, 64, 256)
 PER_CPU_TYPES = {5, 6, 10}  # BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
 HASH_TYPES = {1}  # BPF_MAP_TYPE_HASH (preallocated: one extra element per CPU)
@@ -63,12 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_probe_memory: skipped (needs root for BPF)")
         return 0
-
-    from tailsight.probes.loader import compile_source
-    from tailsight.probes.migration import COUNTS_BYTES_PER_CPU, MigrationProbe
-    from tailsight.probes.netsyscall import NetSyscallProbe
-    from tailsight.probes.runqueue import RunQueueProbe
-    from tailsight.probes.tcpstate import TcpStateProbe
 
     here = os.cpu_count() or 1
     empty_before = set(map_fds())

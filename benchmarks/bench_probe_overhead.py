@@ -25,13 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from tailsight.probes.features import enable_bpf_stats
+from tailsight.probes.loader import attach_raw_tracepoints, compile_source, read_program_stats
+from tailsight.probes.migration import MigrationProbe
+from tailsight.probes.runqueue import RunQueueProbe
+from tailsight.probes.tcpstate import TcpStateProbe
+from tailsight.testing.workload import default_cpu
+
 HERE = Path(__file__).resolve().parent
 
 
 def prog_stats(fd: int) -> tuple[int, int]:
     """(run_time_ns, run_cnt) of a loaded program, from the kernel."""
-    from tailsight.probes.loader import read_program_stats
-
     stats = read_program_stats(fd)
     if stats is None:
         raise RuntimeError(f"no BPF run-time stats for fd {fd}: not a BPF program")
@@ -101,8 +106,6 @@ def self_migrations(seconds: float) -> int:
 
 def pipe_ping_pong(seconds: float) -> int:
     """``start_load`` on the default CPU for ``seconds``."""
-    from tailsight.testing.workload import default_cpu
-
     pids = start_load(default_cpu())
     try:
         time.sleep(seconds)
@@ -153,8 +156,6 @@ def in_both_orders(
     """``run(fds, probe)`` with the probe's programs attached before the empty ones on each
     tracepoint, then after them (see the module docstring); the attach mode and both results,
     in ``ORDERS``. The empty programs take the probe's mode (tp_btf where the kernel takes it)."""
-    from tailsight.probes.loader import attach_raw_tracepoints, compile_source
-
     empty = compile_source(HERE / "empty_raw_tp.bpf.c", [])
     mode = ""
     results = []
@@ -211,11 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_probe_overhead: skipped (needs root for BPF)")
         return 0
-
-    from tailsight.probes.features import enable_bpf_stats
-    from tailsight.probes.migration import MigrationProbe
-    from tailsight.probes.runqueue import RunQueueProbe
-    from tailsight.probes.tcpstate import TcpStateProbe
 
     cases = (
         (RunQueueProbe, "sched_switch", pipe_ping_pong),

@@ -21,14 +21,22 @@ from typing import Any
 
 from bench_collector import SyntheticProbe
 
+from tailsight.cgroups import CgroupResolver
+from tailsight.collector.agent import Agent
+from tailsight.collector.config import CollectorConfig
+from tailsight.collector.store import (
+    SEGMENT_HEADER,
+    LabelTexts,
+    Recording,
+    RecordingWriter,
+    encode_record,
+    scan_segment,
+)
+from tailsight.probes.catalog import BPF_PROBES
+
 
 def interval_documents(cgroups: int, intervals: int, root: Path) -> list[Any]:
     """What the agent hands the writer: one document per tick over every catalog probe."""
-    from tailsight.cgroups import CgroupResolver
-    from tailsight.collector.agent import Agent
-    from tailsight.collector.config import CollectorConfig
-    from tailsight.probes.catalog import BPF_PROBES
-
     for n in range(cgroups):
         (root / f"cg{n}").mkdir(parents=True, exist_ok=True)
     ids = [os.stat(root / f"cg{n}").st_ino for n in range(cgroups)]
@@ -59,8 +67,6 @@ def ms(values: list[float]) -> str:
 
 def crafted(size: int) -> bytes:
     """Format-1 record heads only, each claiming a payload up to the end of the segment."""
-    from tailsight.collector.store import SEGMENT_HEADER
-
     data = bytearray(SEGMENT_HEADER)
     while len(data) + 12 <= size:
         data += struct.pack("<4sII", b"TSR1", size - len(data) - 12, 0)
@@ -68,8 +74,6 @@ def crafted(size: int) -> bytes:
 
 
 def resync_cpu(path: Path) -> float:
-    from tailsight.collector.store import scan_segment
-
     began = time.process_time()
     scan = scan_segment(path)
     assert not scan.documents
@@ -83,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", type=int, default=None)
     args = parser.parse_args(argv)
     intervals = args.intervals or (5 if args.quick else 30)
-
-    from tailsight.collector.store import LabelTexts, Recording, RecordingWriter, encode_record
 
     with tempfile.TemporaryDirectory() as temp:
         docs = interval_documents(args.cgroups, intervals, Path(temp) / "cgroup")

@@ -27,6 +27,10 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from tailsight.cli.wiring import build_agent
+from tailsight.collector.config import DEFAULT_TOP_K, CollectorConfig
+from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
+
 SCRAPE_INTERVAL_S = 15
 HOSTS = 1_000
 PUBLISHED_BYTES_PER_SAMPLE = (1.0, 2.0)  # prometheus.io/docs/prometheus/latest/storage/
@@ -110,10 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_series_budget: skipped (needs root for BPF)")
         return 0
-
-    from tailsight.cli.wiring import build_agent
-    from tailsight.collector.config import DEFAULT_TOP_K, CollectorConfig
-    from tailsight.testing.workload import Workload, private_base, python_task, socket_task_code
 
     config = CollectorConfig()
     cgroups = DEFAULT_TOP_K + 10

@@ -31,6 +31,35 @@ from pathlib import Path
 
 import numpy as np
 
+from tailsight.hist import Histogram
+from tailsight.trading_core import itch
+from tailsight.trading_core.book import Book
+from tailsight.trading_core.fastbook import FastBook
+from tailsight.trading_core.itch_file import iter_itch
+from tailsight.trading_core.market import write_day
+from tailsight.trading_core.netns import topology, unique_topology
+from tailsight.trading_core.replay import (
+    Placement,
+    ReplayConfig,
+    ReplayResult,
+    ReplaySystem,
+    iter_runs,
+    load_ticks,
+    speed_for_duration,
+)
+from tailsight.trading_core.timing import (
+    BOOK,
+    DECISION,
+    DECODE,
+    IN_SYSTEM,
+    KERNEL_RX,
+    RECEIVE,
+    SEND,
+    SERIES,
+    UNSET,
+    StageTimer,
+)
+
 QUANTILES = (0.5, 0.99)
 GOAL_P50_NS = 30_000
 GOAL_P99_NS = 150_000
@@ -42,11 +71,6 @@ def _us(value_ns: float) -> str:
 
 def book_latency(day: Path) -> None:
     """Part 1: per-message latency of both books over the same messages."""
-    from tailsight.trading_core import itch
-    from tailsight.trading_core.book import Book
-    from tailsight.trading_core.fastbook import FastBook
-    from tailsight.trading_core.itch_file import iter_itch
-
     messages = [raw for _, raw in iter_itch(day)]
     framed = [len(raw).to_bytes(2, "big") + raw for raw in messages]
     clock = time.perf_counter_ns
@@ -92,17 +116,6 @@ BREAKDOWN = ("receive", "decode", "book", "decision", "send")
 def triggering_spans(timer: object) -> dict[str, np.ndarray]:
     """Per tick that led to an order: each in-system stage's span (they add up to in-system),
     the queue wait before it, and in-system itself."""
-    from tailsight.trading_core.timing import (
-        BOOK,
-        DECISION,
-        DECODE,
-        KERNEL_RX,
-        RECEIVE,
-        SEND,
-        UNSET,
-        StageTimer,
-    )
-
     assert isinstance(timer, StageTimer)
     stamps = timer.stamps
     ready = np.where(timer.ready_ns != UNSET, timer.ready_ns, stamps[:, KERNEL_RX])
@@ -138,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     messages = args.messages or (8_000 if args.quick else 40_000)
     rate = args.rate or 4_000.0
 
-    from tailsight.trading_core.market import write_day
-
     scratch = tempfile.TemporaryDirectory()
     day = Path(scratch.name) / "day.itch"
     write_day(day, seed=2024, symbols=8, messages=messages)
@@ -157,19 +168,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def replay(day: Path, runs: int, messages: int, rate: float, args: argparse.Namespace) -> int:
     """Part 2: interleaved runs on both paths, merged histograms per path."""
-    from tailsight.hist import Histogram
-    from tailsight.trading_core.netns import topology, unique_topology
-    from tailsight.trading_core.replay import (
-        Placement,
-        ReplayConfig,
-        ReplayResult,
-        ReplaySystem,
-        iter_runs,
-        load_ticks,
-        speed_for_duration,
-    )
-    from tailsight.trading_core.timing import IN_SYSTEM, SERIES
-
     paths = ("afxdp", "udp")
     ticks = load_ticks(day)
     duration_s = messages / rate

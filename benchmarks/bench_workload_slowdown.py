@@ -29,6 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tailsight.probes.catalog import BPF_PROBES, create_probe
+from tailsight.probes.loader import TP_BTF, TP_BTF_CFLAG, attach_raw_tracepoints, compile_source
+
 GOAL_SLOWDOWN = 0.03
 
 
@@ -120,8 +123,6 @@ def _two_processes(cpus: tuple[int, int], sides: list[Callable[[], int]]) -> int
 
 def attach_all() -> list[Any]:
     """The probes with BPF programs (the file probes add nothing in the kernel)."""
-    from tailsight.probes.catalog import BPF_PROBES, create_probe
-
     probes = []
     for name in BPF_PROBES:
         probe = create_probe(name)
@@ -133,8 +134,6 @@ def attach_all() -> list[Any]:
 def attach_floor(probes: list[Any]) -> tuple[list[Any], list[Any]]:
     """Empty programs on every tracepoint the probes use, in each probe's attach mode: (compiled
     modules, attachments)."""
-    from tailsight.probes.loader import TP_BTF, TP_BTF_CFLAG, attach_raw_tracepoints, compile_source
-
     modules, attachments = [], []
     for probe in probes:
         attachment = probe.attachment()

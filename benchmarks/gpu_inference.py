@@ -22,6 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tailsight.trading_core.inference.features import BookFeatures, render
+from tailsight.trading_core.inference.runtime import load_runtime
+
 ANCHORS = "anchors: NIM Llama-3.1-8B TTFT 10.3 ms; Llama-3-8B AWQ P99 82.6 ms (A10G)"
 PROMPT_TOKENS = 64
 BATCHES = (1, 8)
@@ -108,8 +111,6 @@ def _signal(runtime: Any, repeats: int) -> tuple[int, float, float]:
     """The stage's real signal: the 183-token prompt through ``runtime.score``."""
     import numpy as np
 
-    from tailsight.trading_core.inference.features import BookFeatures, render
-
     features = BookFeatures(
         "ACME",
         ((1_874_000, 900, 4), (1_873_900, 300, 2)),
@@ -141,8 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.smoke:
         models.append(("tiny-llama (smoke)", lambda: random_llama(TINY, device, dtype)))
     else:
-        from tailsight.trading_core.inference.runtime import load_runtime
-
         runtime = load_runtime(runtime="transformers", device="cuda")  # bf16, warmed up
         models.append(("SmolLM2-135M", lambda: runtime.net))
         models.append(

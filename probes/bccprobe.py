@@ -16,6 +16,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.probes.base import HistogramRows, K, Labels, Snapshot, labels
+from tailsight.probes.loader import (
+    attach_best,
+    compile_probe,
+    read_program_stats,
+    require_bpf_privileges,
+)
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
     DEFAULT_OUTLIER_RATE_PER_S,
@@ -335,8 +341,6 @@ class BccProbe:
         if the kernel takes it, else (or if ``TAILSIGHT_ATTACH_MODE=raw_tp``) as raw
         tracepoints; ``attach_mode`` says which, ``attach_fallback`` why tp_btf was not used.
         Then ``self_check``; if that fails, nothing stays attached."""
-        from tailsight.probes.loader import attach_best, compile_probe, require_bpf_privileges
-
         if self._bpf is not None:
             return
         require_bpf_privileges()
@@ -405,8 +409,6 @@ class BccProbe:
     def drop_counters(self) -> dict[tuple[str, Labels], int]:
         """``<name>_dropped_events`` by reason: the program's own (``drop_reasons``) and the
         runs the kernel skipped (MISSED_RUN), each an event missing from the counts."""
-        from tailsight.probes.loader import read_program_stats
-
         name = f"{self.name}_dropped_events"
         drops = self._require_bpf()[name.encode()]
         counters = {

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from tailsight.probes.btf import Btf, BtfError
+from tailsight.probes.host import Host, check_capabilities
+from tailsight.probes.offsets import verified_offset_cflags
+
 if TYPE_CHECKING:
     from bcc import BPF
 
@@ -58,8 +62,6 @@ class PrivilegeError(ProbeError):
 def require_bpf_privileges() -> None:
     """Raise PrivilegeError, naming what is missing and the fix, unless this process has the
     capabilities tracing needs (root has them all); checked before anything is compiled."""
-    from tailsight.probes.host import Host, check_capabilities
-
     check = check_capabilities(Host())
     if not check.ok:
         raise PrivilegeError(
@@ -193,8 +195,6 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
     """
     from bcc.libbcc import lib
 
-    from tailsight.probes.btf import Btf, BtfError
-
     try:
         btf_id = Btf.load().tracepoint_btf_id(tracepoint)
     except BtfError as error:
@@ -286,8 +286,6 @@ def compile_probe(name: str, cflags: Sequence[str] = ()) -> BPF:
     Raises PrivilegeError first if this process cannot load BPF at all (rather than bcc's
     "Failed to compile BPF module ... Operation not permitted" for each probe).
     """
-    from tailsight.probes.offsets import verified_offset_cflags
-
     require_bpf_privileges()
     return compile_source(probe_source(name), [*verified_offset_cflags(), *cflags])
 

@@ -30,6 +30,7 @@ from tailsight.probes.bccprobe import (
     slot_ids,
     steer_slot_hint,
 )
+from tailsight.probes.btf import Btf, BtfError
 from tailsight.probes.offsets import TASK_CPU_CANDIDATES, OffsetCheckError
 from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology, possible_cpu_ids
 
@@ -93,8 +94,6 @@ def read_vmstat(proc_root: Path | str = "/proc") -> dict[str, int]:
 
 def resolve_task_cpu_offset(btf: Any) -> int:
     """Byte offset of the task's CPU field: the first of TASK_CPU_CANDIDATES that BTF has."""
-    from tailsight.probes.btf import BtfError
-
     tried = []
     for struct, path in TASK_CPU_CANDIDATES:
         try:
@@ -145,8 +144,6 @@ class MigrationProbe(BccProbe):
     def attach_tracepoints(self) -> Sequence[str]:
         """NUMA-balancing tracepoints the kernel lacks (no ``btf_trace_<name>``) are left out;
         sched_migrate_task is required."""
-        from tailsight.probes.btf import Btf
-
         btf = Btf.load()
         self.tracepoints = tuple(
             tp for tp in INFO.tracepoints if tp == REQUIRED_TRACEPOINT or _has_tracepoint(btf, tp)
@@ -154,8 +151,6 @@ class MigrationProbe(BccProbe):
         return self.tracepoints
 
     def extra_cflags(self) -> list[str]:
-        from tailsight.probes.btf import Btf
-
         self._cpu_ids = possible_cpu_ids()  # the real kernel's, whatever topology is loaded
         if self._cpu_offset is None:
             self._cpu_offset = resolve_task_cpu_offset(Btf.load())
@@ -229,8 +224,6 @@ class MigrationProbe(BccProbe):
 
 
 def _has_tracepoint(btf: Any, name: str) -> bool:
-    from tailsight.probes.btf import BtfError
-
     try:
         btf.tracepoint_args(name)
     except BtfError:

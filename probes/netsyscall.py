@@ -28,6 +28,7 @@ from tailsight.probes.bccprobe import (
     steer_slot_hint,
     table_items,
 )
+from tailsight.probes.offsets import OffsetCheckError, resolve_offsets
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
     DEFAULT_OUTLIER_RATE_PER_S,
@@ -94,8 +95,6 @@ class NetSyscallProbe(BccProbe):
     def extra_cflags(self) -> list[str]:
         """Syscall numbers of this architecture and the BTF offset of the pt_regs member
         holding the syscall number (read at sys_exit)."""
-        from tailsight.probes.offsets import OffsetCheckError, resolve_offsets
-
         field = syscall_nr_field()
         offsets = resolve_offsets(fields={"PT_REGS_SYSCALL_NR_OFF": ("pt_regs", field)})
         if offsets["PT_REGS_SYSCALL_NR_OFF"] % 4:

@@ -30,6 +30,7 @@ from tailsight.probes.bccprobe import (
     slot_ids,
     steer_slot_hint,
 )
+from tailsight.probes.offsets import resolve_offsets
 from tailsight.probes.outliers import (
     DEFAULT_OUTLIER_FLOOR_NS,
     DEFAULT_OUTLIER_RATE_PER_S,
@@ -139,8 +140,6 @@ class RunQueueProbe(BccProbe):
     def extra_cflags(self) -> list[str]:
         """BTF offsets of sched_info (last_queued, run_delay, pcount) and of next -> cfs_rq ->
         rq -> clock (needs CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED), and the slot count."""
-        from tailsight.probes.offsets import resolve_offsets
-
         offsets = resolve_offsets(fields=SCHED_FIELDS)
         return [f"-D{macro}={value}" for macro, value in offsets.items()] + [
             f"-DRUNQUEUE_MAX_SLOTS={MAX_SLOTS}"

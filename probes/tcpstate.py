@@ -44,7 +44,8 @@ from tailsight.probes.bccprobe import (
     slot_histograms,
     table_items,
 )
-from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError
+from tailsight.probes.btf import Btf
+from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, offset_cflags, resolve_offsets
 
 PROBE_NAME: Final = "tcpstate"
 MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c
@@ -183,9 +184,6 @@ class TcpStateProbe(BccProbe):
 
     def extra_cflags(self) -> list[str]:
         """The sock offsets from BTF, the table sizes, and what this kernel's tracepoints take."""
-        from tailsight.probes.btf import Btf
-        from tailsight.probes.offsets import offset_cflags, resolve_offsets
-
         btf = Btf.load()
         self._offsets = {**resolve_offsets(btf, SOCK_FIELDS), **self._offsets_override}
         cflags = [

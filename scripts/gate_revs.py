@@ -22,6 +22,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailsight.probes.noise import measure_noise
+from tailsight.trading_core.replay import Placement
+
 REPO = Path(__file__).resolve().parent.parent
 CLI = "import sys; from tailsight.cli.main import app; sys.argv[0] = 'tailsight'; app()"
 """Run the tailsight CLI of whatever ``tailsight`` package comes first on sys.path."""
@@ -122,9 +125,6 @@ def replay_block(side: Side, args: argparse.Namespace, itch: Path, block: int, r
 def noise_floor(placement: str, seconds: float = 0.5) -> str:
     """Each CPU the replays use: the share of ``seconds`` a pinned spin loop loses
     (``tailsight doctor --noise``); a P99 near that share moves with it (docs/ci-gate.md)."""
-    from tailsight.probes.noise import measure_noise
-    from tailsight.trading_core.replay import Placement
-
     pinned = list(Placement.parse(placement).cpus.values())
     cpus = sorted(frozenset().union(*pinned)) if pinned else sorted(os.sched_getaffinity(0))
     return "; ".join(f"cpu{cpu} {measure_noise(cpu, seconds).describe()}" for cpu in cpus)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from tailsight.trading_core import itch
+
 if TYPE_CHECKING:
     import struct
 
@@ -461,8 +463,6 @@ class Book:
         The live feed's fast path: one ``unpack_from`` and a call, no message object (building a
         frozen ITCH record cost more than the book update). Other types go through ``apply``.
         """
-        from tailsight.trading_core import itch
-
         add, execute, cancel, delete, replace = (
             self.add, self.execute, self.cancel, self.delete, self.replace)  # fmt: skip
         # Unpacked: type, locate, tracking, timestamp high, low, then the body in wire order.
@@ -494,8 +494,6 @@ class Book:
         return {kind[0]: (itch.wire_struct(kind), handler) for kind, handler in handlers.items()}
 
     def _bind_handlers(self) -> None:
-        from tailsight.trading_core import itch
-
         h = self._handlers
 
         def on_add(m: Any) -> None:

@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from tailsight.cgroups import find_cgroup2_mount
+from tailsight.trading_core import ouch
+from tailsight.trading_core.book import Book, TopOfBook
+from tailsight.trading_core.exchange import Exchange
+from tailsight.trading_core.feed import FeedHandler
+from tailsight.trading_core.gateway import Gateway
+from tailsight.trading_core.market import generate_day
 from tailsight.trading_core.netns import Topology, in_netns
+from tailsight.trading_core.strategy import Strategy
 
 __all__ = [
     "BASE_CGROUP",
@@ -46,7 +54,6 @@ _PR_SET_PDEATHSIG: Final = 1
 def _mount(mount: Path | None) -> Path:
     if mount is not None:
         return mount
-    from tailsight.cgroups import find_cgroup2_mount
 
     return find_cgroup2_mount()
 
@@ -141,14 +148,10 @@ def _recv(sock: socket.socket) -> Any:
 
 
 def _exchange_main(topo: Topology, config: LiveConfig, control: socket.socket) -> None:
-    from tailsight.trading_core.exchange import Exchange
-
     market: Any
     if config.itch_file is not None:
         market = config.itch_file
     else:
-        from tailsight.trading_core.market import generate_day
-
         market = generate_day(config.seed, config.symbols, config.messages)
     exchange = Exchange(
         topo,
@@ -167,9 +170,6 @@ def _exchange_main(topo: Topology, config: LiveConfig, control: socket.socket) -
 
 
 def _feed_main(topo: Topology, config: LiveConfig, to_strategy: socket.socket) -> None:
-    from tailsight.trading_core.book import Book
-    from tailsight.trading_core.feed import FeedHandler
-
     book = Book()
     directory_sent: set[int] = set()
 
@@ -187,10 +187,6 @@ def _feed_main(topo: Topology, config: LiveConfig, to_strategy: socket.socket) -
 
 
 def _strategy_main(config: LiveConfig, from_feed: socket.socket, gateway: socket.socket) -> None:
-    from tailsight.trading_core import ouch
-    from tailsight.trading_core.book import TopOfBook
-    from tailsight.trading_core.strategy import Strategy
-
     class Sink:
         """Order intents to the gateway process; UserRefNums are assigned here."""
 
@@ -222,9 +218,6 @@ def _strategy_main(config: LiveConfig, from_feed: socket.socket, gateway: socket
 
 
 def _gateway_main(topo: Topology, config: LiveConfig, strategy: socket.socket) -> None:
-    from tailsight.trading_core import ouch
-    from tailsight.trading_core.gateway import Gateway
-
     def forward(message: ouch.OutboundMessage) -> None:
         _send(strategy, ("response", ouch.encode(message)))
 

@@ -33,6 +33,7 @@ from typing import Any, Final, TypeAlias
 
 from tailsight.trading_core import itch, ouch
 from tailsight.trading_core import soupbintcp as soup
+from tailsight.trading_core.itch_file import iter_itch
 from tailsight.trading_core.matching import BUY, SELL, Fill, MatchingEngine
 from tailsight.trading_core.moldudp64 import (
     END_OF_SESSION_COUNT,
@@ -191,8 +192,6 @@ def _market_messages(market: MarketSource, stop: threading.Event) -> Iterator[by
             yield bytes(item) if isinstance(item, bytes | bytearray) else itch.encode(item)
         return
     if isinstance(market, str | Path):
-        from tailsight.trading_core.itch_file import iter_itch
-
         for _, raw in iter_itch(market):
             yield raw
         return

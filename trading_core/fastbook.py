@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Depth, LevelView, TopOfBook, TradeEvent
+from tailsight.trading_core.itch_file import _open_stream, iter_itch_chunks
 
 if TYPE_CHECKING:
     from tailsight.trading_core.itch_batch import BatchResult
@@ -963,8 +964,6 @@ class FastBook:
         Clean files never leave the compiled path. From the first malformed frame on, the file
         goes through ``itch_file``'s repairing framer, skipping what was already applied.
         """
-        from tailsight.trading_core.itch_file import _open_stream
-
         applied, filled = 0, 0
         block = np.zeros(block_size, dtype=np.uint8)
         with _open_stream(path) as stream:
@@ -1012,8 +1011,6 @@ class FastBook:
     def _apply_repaired(
         self, path: str | Path, skip: int, on_trade: Callable[[TradeEvent], None] | None
     ) -> int:
-        from tailsight.trading_core.itch_file import iter_itch_chunks
-
         applied = 0
         for chunk in iter_itch_chunks(path):
             data = np.frombuffer(chunk, dtype=np.uint8)

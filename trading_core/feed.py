@@ -24,7 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
+from tailsight.probes.loader import compile_source
 from tailsight.trading_core import itch
+from tailsight.trading_core.afxdp import NO_STAMP, XDP_MODE, XskSocket, udp_payload
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.moldudp64 import (
     MoldReceiver,
@@ -186,9 +188,6 @@ class AfXdpPath:
         import ctypes as ct
 
         from bcc import BPF
-
-        from tailsight.probes.loader import compile_source
-        from tailsight.trading_core.afxdp import NO_STAMP, XDP_MODE, XskSocket, udp_payload
 
         self.xdp_mode = XDP_MODE
         self._udp_payload = udp_payload

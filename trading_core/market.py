@@ -32,7 +32,10 @@ from tailsight.trading_core.itch import (
     StockTradingAction,
     SystemEvent,
     Trade,
+    encode,
 )
+from tailsight.trading_core.itch_file import write_itch
+from tailsight.trading_core.moldudp64 import MoldPacket, decode_packet, encode_packet, pack_messages
 
 TICK = 100  # $0.01 in Price(4) units
 MAX_SYMBOLS = 0xFFFF  # locates 1..65535: the 2-byte stock locate
@@ -385,8 +388,6 @@ def write_day(
     gzip: bool | None = None,
 ) -> None:
     """Write a generated day as a standard NASDAQ ITCH file (2-byte length prefixes)."""
-    from tailsight.trading_core.itch_file import write_itch
-
     write_itch(path, generate_day(seed, symbols, messages), gzip=gzip)
 
 
@@ -402,13 +403,6 @@ def write_moldudp64(
 
     Each packet sits behind a 2-byte big-endian length, standing in for UDP datagram boundaries.
     """
-    from tailsight.trading_core.itch import encode
-    from tailsight.trading_core.moldudp64 import (
-        MoldPacket,
-        decode_packet,
-        encode_packet,
-        pack_messages,
-    )
 
     def write_to(sink: BinaryIO) -> int:
         written = 0

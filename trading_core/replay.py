@@ -44,12 +44,18 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from tailsight.cgroups import find_cgroup2_mount
 from tailsight.histfile import Counter, HistDocument, Series
 from tailsight.trading_core import ouch
 from tailsight.trading_core.book import Book, TopOfBook, TradeEvent
 from tailsight.trading_core.components import join_cgroup, remove_cgroup_tree
 from tailsight.trading_core.exchange import Exchange
-from tailsight.trading_core.netns import Topology
+from tailsight.trading_core.feed import AfXdpPath, FeedHandler, open_path
+from tailsight.trading_core.gateway import Gateway
+from tailsight.trading_core.inference import stage as inference
+from tailsight.trading_core.inference.stage import InferenceConfig
+from tailsight.trading_core.itch_file import iter_itch
+from tailsight.trading_core.netns import Topology, in_netns
 from tailsight.trading_core.reconcile import AccountView, diff
 from tailsight.trading_core.strategy import DAY, Strategy, StrategyConfig
 from tailsight.trading_core.timing import ACK, DECISION, SEND, UNSET, StageTimer, replay_labels
@@ -178,8 +184,6 @@ class ReplayResult:
 
 def load_ticks(path: str | Path) -> TickFile:
     """Read every message of an ITCH file (plain or gzip) with its 6-byte timestamp."""
-    from tailsight.trading_core.itch_file import iter_itch
-
     if not Path(path).is_file():
         raise ValueError(f"{path}: not a regular file (a FIFO, device or directory cannot replay)")
     messages = [raw for _, raw in iter_itch(path)]
@@ -379,8 +383,6 @@ class _TimedSink:
     """
 
     def __init__(self, timer: StageTimer) -> None:
-        from tailsight.trading_core.gateway import Gateway
-
         self.timer = timer
         self.gateway: Gateway | None = None
         self.strategy: Strategy | None = None
@@ -459,17 +461,12 @@ class _TradingSide:
     """The trading process: receive paths opened once, a fresh session per run."""
 
     def __init__(self, topo: Topology, ticks: TickFile, paths: Sequence[str]) -> None:
-        from tailsight.trading_core.feed import open_path
-
         self.topo = topo
         self.ticks = ticks
         self.paths = {name: open_path(name, topo) for name in paths}
 
     def use_path(self, name: str) -> Any:
         """The path for this run; the XDP program is on the interface only for AF_XDP runs."""
-        from tailsight.trading_core.feed import AfXdpPath
-        from tailsight.trading_core.netns import in_netns
-
         for other, path in self.paths.items():
             if isinstance(path, AfXdpPath):
                 with in_netns(self.topo.trading_ns):
@@ -477,17 +474,12 @@ class _TradingSide:
         return self.paths[name]
 
     def run(self, connection: Connection, command: tuple[Any, ...]) -> None:
-        from tailsight.trading_core.feed import FeedHandler
-        from tailsight.trading_core.gateway import Gateway
-
         _, session, cfg, capacity = command
         timer = StageTimer(capacity)
         book = Book()
         sink = _TimedSink(timer)
         stage = source = None
         if cfg.inference_model is not None:
-            from tailsight.trading_core.inference import stage as inference
-
             stage = inference.InferenceStage(
                 inference.InferenceConfig(model=cfg.inference_model),
                 cgroup=inference.sibling_cgroup("inference"),
@@ -599,8 +591,6 @@ class ReplaySystem:
         cgroup_base: str | None = None,
         cgroup_mount: Path | None = None,
     ) -> None:
-        from tailsight.cgroups import find_cgroup2_mount
-
         self.ticks = ticks
         self.topo = topo
         self.paths = list(paths)
@@ -711,8 +701,6 @@ class ReplaySystem:
                 # (a load takes 38-58 s on a busy VM).
                 start_timeout_s = _SETUP_TIMEOUT_S
                 if cfg.inference_model is not None:
-                    from tailsight.trading_core.inference.stage import InferenceConfig
-
                     start_timeout_s += InferenceConfig(model=cfg.inference_model).load_timeout_s
                 _expect(trading, "ready", start_timeout_s, "trading session start")
                 offsets = intended_offsets_ns(ticks.timestamps_ns, cfg.speed)

@@ -33,6 +33,7 @@ def generate(
     ] = False,
 ) -> None:
     """Write every dashboard's Grafana JSON (one file per dashboard)."""
+    # Loads the Grafana SDK and numpy: kept out of `tailsight --help`.
     from tailsight.dashboards.generate import BUILDERS, GENERATED_DIR, render, to_text, write_all
 
     directory = GENERATED_DIR if out is None else out
@@ -76,6 +77,7 @@ def push(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Create or overwrite every dashboard in a Grafana folder (created if missing)."""
+    # Loads the Grafana SDK and numpy: kept out of `tailsight --help`.
     from tailsight.dashboards.push import PushError, connect, push_all
 
     try:
@@ -102,6 +104,7 @@ def html_page(
     out: Annotated[Path, typer.Option("--out", help="HTML file to write.")],
 ) -> None:
     """The root-cause dashboard of a recording as one offline HTML page (no Grafana needed)."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.report_html import write_report
     from tailsight.collector.store import Recording
     from tailsight.dashboards.rootcause_html import render_root_cause

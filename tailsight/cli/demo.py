@@ -31,10 +31,31 @@ from typing import Any, Final
 import numpy as np
 
 from tailsight import dashboards
+from tailsight.analysis.explain import explain_documents
+from tailsight.analysis.report_html import render_html, write_report
+from tailsight.cli.trace_view import (
+    VIEW_WIDTH,
+    HeatInterval,
+    Selection,
+    interval_p99s_ns,
+    render,
+    series_key,
+)
+from tailsight.collector.store import Recording
 from tailsight.histfile import Counter, HistDocument, Series
-from tailsight.testing.workload import stop_process
+from tailsight.testing.inject import Injection, score
+from tailsight.testing.workload import Workload, python_task, stop_process
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
-from tailsight.trading_core.replay import TickFile
+from tailsight.trading_core.netns import topology, unique_topology
+from tailsight.trading_core.replay import (
+    Placement,
+    ReplayConfig,
+    ReplaySystem,
+    TickFile,
+    load_ticks,
+    speed_for_duration,
+)
+from tailsight.trading_core.timing import IN_SYSTEM
 
 REPLAY_S: Final = 40.0
 INTERVAL_S: Final = 0.5  # the agent's; the live view refreshes every other interval
@@ -124,8 +145,6 @@ def _die_with_parent() -> None:
 def running_agent(record_dir: Path, scene: Scene, log_path: Path) -> Iterator[str]:
     """``tailsight serve --record`` for the demo's cgroups; yields its /metrics URL once it has
     recorded an interval; SIGTERM and wait on exit (it detaches and flushes the recording)."""
-    from tailsight.collector.store import Recording
-
     command = [
         str(Path(sys.executable).with_name("tailsight")), "serve",
         "--record", str(record_dir),
@@ -233,8 +252,6 @@ class LiveView:
     interval, the agent's live verdict. A terminal gets the rich view, anything else plain lines."""
 
     def __init__(self, console: Any, record_dir: Path, metrics_url: str, scene: Scene) -> None:
-        from tailsight.cli.trace_view import Selection, series_key
-
         self.console = console
         self.record_dir = record_dir
         self.metrics_url = metrics_url
@@ -248,8 +265,6 @@ class LiveView:
 
     def poll(self) -> None:
         """Read what the agent recorded since the last poll, and its live verdict."""
-        from tailsight.collector.store import Recording
-
         fresh = [
             d
             for d in Recording(self.record_dir).documents(since_ns=self._seen_end_ns or None)
@@ -265,8 +280,6 @@ class LiveView:
                     self.scene.verdicts.append(line)
 
     def victim_p99_us(self, last: int) -> float:
-        from tailsight.cli.trace_view import HeatInterval, interval_p99s_ns
-
         heat = [HeatInterval.of(d) for d in self.intervals[-last:]]
         p99s = [p for p in interval_p99s_ns(heat, self.victim) if p == p]
         return max(p99s, default=float("nan")) / 1e3
@@ -295,8 +308,6 @@ class LiveView:
     def renderable(self) -> Any:
         from rich.console import Group
         from rich.text import Text
-
-        from tailsight.cli.trace_view import HeatInterval, render
 
         window = window_document(self.intervals[-10:], self.scene.ours)
         verdict = self.scene.verdicts[-1] if self.scene.verdicts else "none yet"
@@ -393,18 +404,6 @@ def main(argv: list[str] | None = None) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tailsight.cli.trace_view import VIEW_WIDTH
-    from tailsight.testing.workload import Workload, python_task
-    from tailsight.trading_core.netns import topology, unique_topology
-    from tailsight.trading_core.replay import (
-        Placement,
-        ReplayConfig,
-        ReplaySystem,
-        load_ticks,
-        speed_for_duration,
-    )
-    from tailsight.trading_core.timing import IN_SYSTEM
-
     started = time.monotonic()
     console = Console(width=min(Console().width, VIEW_WIDTH), highlight=False)
 
@@ -488,11 +487,6 @@ def tell(
 ) -> int:
     """``explain`` over the recording: its narrative, whether it named the injected aggressor
     and when; the report and the recording go to ``out``."""
-    from tailsight.analysis.explain import explain_documents
-    from tailsight.analysis.report_html import render_html, write_report
-    from tailsight.collector.store import Recording
-    from tailsight.testing.inject import Injection, score
-
     assert scene.inject_ns is not None
     # The recording is kept first: whatever explain does, the user can run it again.
     out.mkdir(parents=True, exist_ok=True)

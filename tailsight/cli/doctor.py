@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tailsight.probes.noise import noise_checks
+
 if TYPE_CHECKING:
     from tailsight.probes.features import Check
 
@@ -36,14 +38,13 @@ def doctor(
 
     With --noise, also how much of each CPU a task that never blocks loses (a warning above 1 %).
     """
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.features import Host, run_checks
 
     checks = run_checks(
         Host(proc=proc_root, sys=sys_root, modules=modules_root, search_path=search_path)
     )
     if noise > 0:
-        from tailsight.probes.noise import noise_checks
-
         checks += noise_checks(noise)
     if json_output:
         typer.echo(json.dumps([dataclasses.asdict(check) for check in checks], indent=2))

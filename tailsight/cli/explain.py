@@ -21,6 +21,7 @@ from tailsight.cli.promread import (
     InsecureOption,
     PrometheusOption,
     StepOption,
+    read_prometheus,
 )
 from tailsight.cli.shared import cannot_read, report_problems
 from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
@@ -61,6 +62,7 @@ def explain(
 ) -> None:
     """Find tail rises, group them into incidents and explain each: when, what rose, by how much,
     the most likely cause across probes, then the per-series detail."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.explain import ExplainConfig, explain_documents, explain_recording
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
     from tailsight.collector.store import Recording
@@ -76,8 +78,6 @@ def explain(
     config = ExplainConfig(quantiles=qs, seed=seed, falls=falls)
     since_ns = until_ns = None
     if prometheus is not None:
-        from tailsight.cli.promread import read_prometheus
-
         documents = read_prometheus(
             prometheus,
             since,
@@ -115,6 +115,7 @@ def explain(
     if store is not None:
         report_problems(store)
     if html is not None:
+        # Loads numpy: kept out of `tailsight --help`.
         from tailsight.analysis.report_html import render_html, write_report
 
         if store is not None:  # the heatmaps need the histograms: only this reads them all

@@ -51,6 +51,7 @@ def render(result: GateResult, width: int = VIEW_WIDTH) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.quantiles import describe, quantile_name
 
     console = Console(width=min(Console().width, width), highlight=False)
@@ -115,6 +116,7 @@ def _render_breakdown(console: object, breakdown: Breakdown, varying: list[str])
     from rich.console import Console
     from rich.table import Table
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.quantiles import quantile_name
 
     assert isinstance(console, Console)
@@ -171,6 +173,7 @@ def gate(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON document")] = False,
 ) -> None:
     """Compare per-run quantiles: exit 0 pass, 1 regression, 3 inconclusive, 2 bad input."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.gate import GateConfig, gate_paths
     from tailsight.analysis.quantiles import RunInputError, parse_quantiles, parse_selector
 

@@ -21,6 +21,7 @@ def file_stats(path: Path) -> dict[str, Any]:
     """Read a (plain or gzip) ITCH file once: counts, framing issues, final top of book."""
     import numpy as np
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.book import Book
     from tailsight.trading_core.itch_batch import decode_batch
     from tailsight.trading_core.itch_file import FramingReport, iter_itch_chunks
@@ -83,6 +84,7 @@ def file_stats(path: Path) -> dict[str, Any]:
 
 
 def _type_name(kind: str) -> str:
+    # Builds its message structs on import (~19 ms): kept out of `tailsight --help`.
     from tailsight.trading_core.itch import MESSAGE_CLASSES
 
     cls = MESSAGE_CLASSES.get(kind.encode("latin-1"))
@@ -169,6 +171,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON document")] = False,
 ) -> None:
     """Write a synthetic, deterministic ITCH 5.0 trading day."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.itch_file import write_itch
     from tailsight.trading_core.market import generate_day, symbol_names
 

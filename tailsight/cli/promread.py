@@ -71,6 +71,7 @@ def read_prometheus(
     selector: dict[str, str] | None = None,
 ) -> list[HistDocument]:
     """The window's documents; every problem is one line on stderr and exit 2."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.promsource import PrometheusError, PrometheusSource, read_documents
 
     credentials = None

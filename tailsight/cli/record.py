@@ -22,6 +22,7 @@ from tailsight.cli.promread import (
     InsecureOption,
     PrometheusOption,
     StepOption,
+    read_prometheus,
 )
 from tailsight.cli.shared import (
     cannot_read,
@@ -69,6 +70,7 @@ def record(
     ] = None,
 ) -> None:
     """Record per-cgroup latency histograms, one document per interval."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.cli.wiring import open_recording, stop_on_signals
     from tailsight.cli.wiring import record as run_record
     from tailsight.collector.config import CollectorConfig
@@ -115,6 +117,7 @@ def record(
 def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:
     """Per series: overall quantiles, the worst interval's P99, and counts and quantiles of every
     interval where it had observations. Streams: memory grows with series, not intervals."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.hist import Histogram
     from tailsight.histfile import LabelKey, key_of
 
@@ -236,13 +239,14 @@ def show(
 ) -> None:
     """Summarize a recording, or what a Prometheus holds (--prometheus): quantiles over time per
     probe and cgroup."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.collector.store import Recording
 
     if (directory is None) == (prometheus is None):
         raise typer.BadParameter("give a recording DIR or --prometheus URL (one of them)")
     if prometheus is not None:
+        # Loads numpy: kept out of `tailsight --help`.
         from tailsight.analysis.quantiles import matches, parse_selector
-        from tailsight.cli.promread import read_prometheus
 
         try:
             wanted = parse_selector(selector)

@@ -31,6 +31,7 @@ def _quantiles(document: Any, stage: str) -> dict[str, Any]:
 
 
 def _summary(path: str, run: int, result: Any) -> dict[str, Any]:
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.timing import IN_SYSTEM, SERIES, TICK_TO_TRADE
 
     document = result.document
@@ -60,6 +61,7 @@ def _us(value: float | None) -> str:
 
 
 def _line(summary: dict[str, Any]) -> str:
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.timing import IN_SYSTEM, TICK_TO_TRADE
 
     if summary["failed"]:
@@ -123,6 +125,7 @@ def replay(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON document")] = False,
 ) -> None:
     """Replay FILE through exchange, feed, book, strategy and gateway; time every tick."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.feed import PATHS
     from tailsight.trading_core.netns import topology, unique_topology
     from tailsight.trading_core.replay import (

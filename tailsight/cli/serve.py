@@ -137,6 +137,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve per-cgroup latency histograms to Prometheus until SIGTERM / Ctrl-C."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.cli.wiring import (
         BadInput,
         CannotServe,
@@ -147,6 +148,7 @@ def serve(
     from tailsight.collector.config import DEFAULT_WINDOW_S, CollectorConfig
 
     if hash_password:
+        # Loads ssl and http.server (~25 ms): kept out of `tailsight --help`.
         from tailsight.collector.endpoint import hash_password as make_hash
 
         password = sys.stdin.readline().rstrip("\n")

@@ -35,6 +35,7 @@ def open_session(
     probes: Sequence[str], cgroups: Sequence[str], warn: Callable[[str], None], interval_s: float
 ) -> LiveSession:
     """The collector's live session; a ``--cgroup`` that is not there is bad input (exit 2)."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.cli.wiring import BadInput
     from tailsight.cli.wiring import open_session as open_live_session
 
@@ -66,6 +67,7 @@ def run_live(
     move the selection between refreshes and redraw at once."""
     from rich.live import Live
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.collector.agent import run_every
 
     intervals: deque[HeatInterval] = deque(maxlen=HISTORY_INTERVALS)
@@ -146,6 +148,7 @@ def trace(
     """Trace latency per cgroup live (Ctrl-C ends with the summary)."""
     from rich.console import Console
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.cli.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
     from tailsight.probes.catalog import PROBES
     from tailsight.probes.loader import PrivilegeError

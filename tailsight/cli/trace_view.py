@@ -175,6 +175,7 @@ def _pairs_table(document: HistDocument, top: int) -> Table | None:
     from rich.table import Table
     from rich.text import Text
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.runqueue import top_pairs
 
     pairs = top_pairs(document, top)
@@ -201,6 +202,7 @@ def _limits_table(document: HistDocument, top: int) -> Table | None:
     from rich.table import Table
     from rich.text import Text
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.pressure import RESOURCES
     from tailsight.probes.pressure import SOME as STALLED
     from tailsight.probes.throttle import (
@@ -267,6 +269,7 @@ def _stacks_table(document: HistDocument, top: int) -> Table | None:
     from rich.table import Table
     from rich.text import Text
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.outliers import short_stack, top_outlier_stacks
 
     stacks = top_outlier_stacks(document, top)
@@ -307,6 +310,7 @@ def render(
     from rich.console import Group
     from rich.text import Text
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.catalog import probe_title
 
     live = height is not None
@@ -602,6 +606,7 @@ def heatmap(
     bands (highest on top), shade = events in the interval; below, its exact per-interval P99."""
     from rich.text import Text
 
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.probes.catalog import probe_title
 
     heading = probe_title(selection.probe)

@@ -43,6 +43,7 @@ def _missing_capabilities() -> list[str]:
 
 
 def _topology(tag: str) -> Any:
+    # Loads ctypes and socket (~7 ms): kept out of `tailsight --help`.
     from tailsight.trading_core.netns import Topology, unique_topology
 
     return unique_topology(tag) if tag else Topology()
@@ -50,6 +51,7 @@ def _topology(tag: str) -> Any:
 
 def _run(config: Any, tag: str, duration_s: float, state: Path, as_json: bool) -> None:
     """Up, wait, down; the supervisor of a detached run too."""
+    # Loads ctypes and socket (~7 ms): kept out of `tailsight --help`.
     from tailsight.trading_core import netns
     from tailsight.trading_core.components import LiveSystem
 
@@ -132,6 +134,7 @@ def up(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Start exchange, feed, strategy and gateway, each in its own cgroup."""
+    # Loads numpy: kept out of `tailsight --help`.
     from tailsight.trading_core.components import LiveConfig
 
     missing = _missing_capabilities()
@@ -191,6 +194,7 @@ def down(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Stop a detached trading system and remove its namespaces and cgroups."""
+    # Loads ctypes and socket (~7 ms): kept out of `tailsight --help`.
     from tailsight.trading_core import netns
     from tailsight.trading_core.components import remove_cgroups
 
@@ -207,6 +211,7 @@ def down(
                 os.kill(pid, 0)  # raises ProcessLookupError once it is gone
                 time.sleep(0.05)
         stopped = True
+    # Loads ctypes and socket (~7 ms): kept out of `tailsight --help`.
     from tailsight.trading_core.netns import Topology
 
     default = Topology()
@@ -227,6 +232,7 @@ def cleanup(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Remove every namespace and interface named ts-* and the component cgroups."""
+    # Loads ctypes and socket (~7 ms): kept out of `tailsight --help`.
     from tailsight.trading_core import netns
     from tailsight.trading_core.components import remove_cgroups
 

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
+from tailsight.analysis.causes import Cause
+from tailsight.analysis.explain import Report
 from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
+from tailsight.collector.store import Recording
 from tailsight.histfile import HistDocument
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns
@@ -387,8 +390,6 @@ def _scheduling_context(pid: int) -> str:
 def _wait_first_interval(
     directory: Path, recorder: subprocess.Popen[bytes], stderr: IO[bytes]
 ) -> None:
-    from tailsight.collector.store import Recording
-
     deadline = time.monotonic() + 300.0
     while True:
         with contextlib.suppress(FileNotFoundError):
@@ -615,8 +616,6 @@ def run_injection(
     kind: str, directory: Path, baseline_s: float = 10.0, fault_s: float = 10.0
 ) -> Injection:
     """Record ``baseline_s`` of the workload, then ``fault_s`` with the fault; return the truth."""
-    from tailsight.collector.store import Recording
-
     if kind not in (*KINDS, QUIET):
         raise ValueError(f"unknown injection {kind!r}; one of {', '.join(KINDS)} or {QUIET}")
     base = private_base(f"rca-{kind}")
@@ -804,8 +803,6 @@ def score(
     jump of the victim cgroup; a displacement must name the culprit as the aggressor.
     ``own_causes``: rank only the causes shown in the victim's cgroup (its displacement), for an
     incident that also holds other cgroups' jumps with causes of their own (background load)."""
-    from tailsight.analysis.explain import Report
-
     assert isinstance(report, Report)
     for incident in report.incidents:
         error_s = (incident.start_ns - injection.inject_ns) / 1e9
@@ -824,8 +821,6 @@ def score(
 
 
 def _matches(cause: object, injection: Injection) -> bool:
-    from tailsight.analysis.causes import Cause
-
     assert isinstance(cause, Cause)
     if cause.kind not in injection.expected:
         return False

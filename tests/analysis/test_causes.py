@@ -10,6 +10,7 @@ import numpy as np
 
 from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
+from tailsight.analysis.report_html import render_html
 from tailsight.histfile import Counter, HistDocument, Series
 from tests.analysis.test_explain import FAST, INTERVAL_NS, START_NS, _hist
 
@@ -234,8 +235,6 @@ def test_simultaneous_jumps_of_unrelated_cgroups_stay_apart() -> None:
 
 def test_html_has_one_section_per_incident_with_the_cause_beside_the_symptom() -> None:
     import xml.etree.ElementTree as ET
-
-    from tailsight.analysis.report_html import render_html
 
     documents = tcp_documents(seed=5)
     report = explain_documents(documents, config=CONFIG)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from tailsight.cli import main
 from tailsight.probes.catalog import PROBE_TRACEPOINTS
 from tailsight.probes.features import FIX_BPFTOOL, FIX_ROOT
+from tailsight.probes.runqueue import RunQueueProbe
 
 FAKE_ROOT = Path(__file__).parents[1] / "fixtures" / "doctor" / "unprivileged"
 
@@ -81,8 +82,6 @@ def test_doctor_json_all_ok_here(kernel_ready: None) -> None:
 def test_doctor_says_raw_tp_when_forced_and_the_probes_use_it(
     kernel_ready: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tailsight.probes.runqueue import RunQueueProbe
-
     monkeypatch.setenv("TAILSIGHT_ATTACH_MODE", "raw_tp")
     result = CliRunner().invoke(main.app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output

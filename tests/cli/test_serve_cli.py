@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.serve import parse_listen
-from tailsight.cli.wiring import is_loopback
+from tailsight.cli.wiring import build_agent, is_loopback
+from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import verify_password
 
 
@@ -78,9 +79,6 @@ def test_record_group_unknown_exit_2_and_known_group_readable(tmp_path: Path) ->
     makes the recording 0750 / 0640 and owned by that group (the writer is built unattached)."""
     import grp
     import stat
-
-    from tailsight.cli.wiring import build_agent
-    from tailsight.collector.config import CollectorConfig
 
     result = CliRunner().invoke(
         app, ["serve", "--record", str(tmp_path / "r"), "--record-group", "no-such-group-x"]

@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import tailsight.cli.trace as trace_module
 from tailsight.cli.main import app
-from tailsight.cli.trace_view import SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
+from tailsight.cli.trace_view import KEY_HELP, SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
+from tailsight.cli.wiring import open_session, wait_until
 from tailsight.hist import Histogram
 from tailsight.histfile import FORMAT, Counter, HistDocument, Series
+from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 runner = CliRunner()
 
 
 @pytest.mark.kernel
 def test_trace_json_on_workload(kernel_ready: None) -> None:
-    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
-
     cpu = default_cpu()
     tasks = [Task("victim", cpu=cpu), Task("victim", cpu=cpu), Task("noisy", cpu=cpu)]
     base = private_base("cli")
@@ -99,8 +100,6 @@ def known_document() -> HistDocument:
 
 
 def test_json_output_is_the_document_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tailsight.cli.trace as trace_module
-
     session = FakeSession(known_document())
     monkeypatch.setattr(trace_module, "open_session", lambda *args: session)
     result = runner.invoke(app, ["trace", "--json", "--duration", "0"])
@@ -115,9 +114,6 @@ def test_json_output_is_the_document_byte_for_byte(monkeypatch: pytest.MonkeyPat
 def test_view_without_a_terminal_prints_summary_and_heatmap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import tailsight.cli.trace as trace_module
-    from tailsight.cli.trace_view import KEY_HELP
-
     session = FakeSession(known_document())
     monkeypatch.setattr(trace_module, "open_session", lambda *args: session)
     result = runner.invoke(app, ["trace", "--duration", "0.15", "--interval", "0.05"])
@@ -184,9 +180,6 @@ def test_render_fits_80_columns() -> None:
 
 @pytest.mark.kernel
 def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
-    from tailsight.cli.wiring import open_session, wait_until
-    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
-
     cpu = default_cpu()
     base, outside = private_base("filter"), private_base("outside")
     warnings: list[str] = []
@@ -207,9 +200,6 @@ def test_cgroup_filter_follows_new_descendants_only(kernel_ready: None) -> None:
 
 @pytest.mark.kernel
 def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
-    from tailsight.cli.wiring import open_session
-    from tailsight.testing.workload import Task, Workload, default_cpu, private_base
-
     cpu = default_cpu()
     base = private_base("advance")
     with Workload([Task("a", cpu=cpu), Task("b", cpu=cpu)], base=base):
@@ -238,9 +228,6 @@ def test_session_intervals_add_up_to_the_total(kernel_ready: None) -> None:
 @pytest.mark.kernel
 def test_session_over_several_probes_groups_by_probe(kernel_ready: None) -> None:
     from rich.console import Console
-
-    from tailsight.cli.wiring import open_session
-    from tailsight.testing.workload import Workload, private_base, python_task
 
     sends = 31  # prime
     code = (

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tailsight.analysis.verdicts import JumpVerdicts
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import (
     COARSE_BOUNDS_NS,
@@ -32,7 +33,10 @@ from tailsight.collector.exporter import (
 )
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram, SparseHistogram, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument, Series
-from tailsight.probes.base import HIST_ROW
+from tailsight.probes import features
+from tailsight.probes.base import HIST_ROW, PairCounters, Snapshot, labels
+from tailsight.probes.loader import prog_test_run_raw_tp
+from tailsight.probes.symbolizer import shared_symbolizer
 
 T0_NS = 1_700_000_000 * 10**9
 SECOND_NS = 10**9
@@ -290,9 +294,6 @@ def test_self_metrics_are_the_kernels_program_counters(kernel_ready: None) -> No
     fdinfo text also shows them; without --bpf-stats only the missed runs are exported."""
     from bcc import BPF
 
-    from tailsight.probes import features
-    from tailsight.probes.loader import prog_test_run_raw_tp
-
     bpf = BPF(src_file=str(features._NOOP_SOURCE).encode())
     try:
         prog_fd = bpf.load_func(features._NOOP_FUNCTION.encode(), BPF.RAW_TRACEPOINT).fd
@@ -347,8 +348,6 @@ def test_cpu_self_metric_is_the_kernels_count_of_the_agent_and_its_symbolizer() 
     /proc/<pid>/stat (clock ticks), after the helper named a frame of a real process."""
     import os
     import sys
-
-    from tailsight.probes.symbolizer import shared_symbolizer
 
     def kernel_cpu_s(pid: int | str) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -655,9 +654,6 @@ def test_pairs_folded_as_arrays_export_what_the_counters_one_by_one_do(
     interval by interval, while the top-K changes (two places, cgroups that take turns), ids
     come and go, two ids share a path and one has none. Without histograms the top-K ranks by
     the pairs' switches; with them, by the histograms."""
-    from tailsight.analysis.verdicts import JumpVerdicts
-    from tailsight.probes.base import PairCounters, Snapshot, labels
-
     names = ("runqueue_displaced_wait_ns", "runqueue_displaced_switches")
     paths = {10: "/a", 11: "/b", 12: "/c", 13: "/d", 14: "/e", 15: "/e"}  # 16: unknown
 

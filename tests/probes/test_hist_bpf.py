@@ -15,6 +15,13 @@ import numpy as np
 import pytest
 
 from tailsight.hist import NUM_BUCKETS, bucket_index, bucket_upper_bounds_ns
+from tailsight.probes.loader import (
+    PROBES_DIR,
+    AttachError,
+    attach_raw_tracepoints,
+    compile_source,
+    prog_test_run_raw_tp,
+)
 
 HEADER = Path(__file__).parents[2] / "probes" / "include" / "hist.bpf.h"
 HARNESS = Path(__file__).with_name("hist_index_test.bpf.c")
@@ -24,8 +31,6 @@ EDGE_CGROUP, RANDOM_CGROUP, HUGE_CGROUP = 11, 22, 33
 @pytest.fixture(scope="module")
 def harness(kernel_ready: None) -> Any:
     from bcc import BPF
-
-    from tailsight.probes.loader import PROBES_DIR, compile_source
 
     bpf = compile_source(HARNESS, [f"-I{PROBES_DIR / 'include'}"])
     fn = bpf.load_func(b"hist_index_of", BPF.RAW_TRACEPOINT)
@@ -41,8 +46,6 @@ def _edge_values() -> list[int]:
 
 
 def _kernel_index(prog_fd: int, value_ns: int, cgroup_id: int) -> int:
-    from tailsight.probes.loader import prog_test_run_raw_tp
-
     return prog_test_run_raw_tp(prog_fd, [value_ns, cgroup_id])
 
 
@@ -93,8 +96,6 @@ def test_kernel_index_matches_hist_py(harness: Any) -> None:
 
 @pytest.mark.kernel
 def test_attach_failure_names_the_tracepoint_and_reason(harness: Any) -> None:
-    from tailsight.probes.loader import AttachError, attach_raw_tracepoints
-
     bpf, _ = harness
     # The harness program exists, but there is no raw tracepoint called "hist_index_of".
     with pytest.raises(AttachError) as caught:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.btf import Btf
 from tailsight.probes.catalog import create_probe
+from tailsight.probes.loader import prog_test_run_raw_tp
 from tailsight.probes.migration import (
     HOST_LABELS,
     KINDS,
@@ -139,8 +141,6 @@ def test_document_labels_host_counters_as_host_wide() -> None:
 
 @pytest.mark.kernel
 def test_tracepoint_signatures_match_btf(kernel_ready: None) -> None:
-    from tailsight.probes.btf import Btf
-
     btf = Btf.load()
     for tracepoint, args in expected_tracepoint_args().items():
         assert btf.tracepoint_args(tracepoint) == list(args)
@@ -211,7 +211,6 @@ def test_cgroup_filter_excludes_other_cgroups(probe: MigrationProbe) -> None:
 @pytest.mark.kernel
 def test_wrong_cpu_offset_refuses_to_attach(kernel_ready: None) -> None:
     _two_cpus()
-    from tailsight.probes.btf import Btf
 
     pid_offset = Btf.load().member("task_struct", "pid").byte_offset  # a plausible wrong field
     probe = MigrationProbe(task_cpu_offset_override=pid_offset)
@@ -244,8 +243,6 @@ def test_numa_programs_count_the_right_kind(
 ) -> None:
     # NUMA balancing never runs on one node, so feed each program synthetic arguments
     # (BPF_PROG_TEST_RUN): task pointers that cannot be read resolve to cgroup id 0.
-    from tailsight.probes.loader import prog_test_run_raw_tp
-
     probe = raw_tp_probe
     if tracepoint not in probe.tracepoints:
         pytest.skip(f"{tracepoint}: not in this kernel")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tailsight.cgroups import own_cgroup_id
 from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.btf import Btf
 from tailsight.probes.netsyscall import (
     DROP_REASONS,
     DROPPED,
@@ -112,8 +114,6 @@ def _run_udp(
 
 @pytest.mark.kernel
 def test_tracepoint_signatures_match_btf(kernel_ready: None) -> None:
-    from tailsight.probes.btf import Btf
-
     btf = Btf.load()
     for tracepoint, args in expected_tracepoint_args().items():
         assert btf.tracepoint_args(tracepoint) == list(args)
@@ -150,8 +150,6 @@ def test_calls_in_flight_at_once_in_forked_processes_each_count(probe: NetSyscal
 
 
 def _own_cgroup_id() -> int:
-    from tailsight.cgroups import own_cgroup_id
-
     return own_cgroup_id()
 
 

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from tailsight.hist import Histogram, bucket_index, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument
+from tailsight.probes import outliers
 from tailsight.probes.base import HistogramRows, Labels, Snapshot, labels
+from tailsight.probes.netsyscall import NetSyscallProbe
 from tailsight.probes.outliers import (
     LOST_STACK,
     MIN_THRESHOLD_SAMPLES,
@@ -36,6 +38,7 @@ from tailsight.probes.outliers import (
     short_stack,
     top_outlier_stacks,
 )
+from tailsight.probes.runqueue import DROPPED, RunQueueProbe
 from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 FLOOR_NS = 1_000_000
@@ -179,8 +182,6 @@ def _dropped(snapshot: Snapshot, probe: str) -> dict[str, int]:
 
 
 def _run_delayed_receiver(probe: object, tag: str, cpu: int | None = None) -> tuple[int, Snapshot]:
-    from tailsight.probes.netsyscall import NetSyscallProbe
-
     assert isinstance(probe, NetSyscallProbe)
     task = python_task("receiver", DELAYED_RECV_CODE, cpu=cpu, pipes=True)
     with Workload([task], base=private_base(tag)) as w:
@@ -198,8 +199,6 @@ def _run_delayed_receiver(probe: object, tag: str, cpu: int | None = None) -> tu
 
 @pytest.mark.kernel
 def test_netsyscall_outliers_carry_the_receivers_stacks(kernel_ready: None) -> None:
-    from tailsight.probes.netsyscall import NetSyscallProbe
-
     with NetSyscallProbe(cgroup_ids=[], outlier_floor_ns=FLOOR_NS) as probe:
         cgroup_id, interval = _run_delayed_receiver(probe, "out-ns")
     events = _outliers(interval, "netsyscall")
@@ -223,8 +222,6 @@ def test_netsyscall_outliers_carry_the_receivers_stacks(kernel_ready: None) -> N
 
 @pytest.mark.kernel
 def test_netsyscall_outliers_are_rate_limited_per_cpu(kernel_ready: None) -> None:
-    from tailsight.probes.netsyscall import NetSyscallProbe
-
     with NetSyscallProbe(cgroup_ids=[], outlier_rate_per_s=RATE_PER_S) as probe:
         _, interval = _run_delayed_receiver(probe, "out-rate", cpu=default_cpu())
     sent = sum(n for k, n in _outliers(interval, "netsyscall").items()
@@ -252,8 +249,6 @@ def _above(hist: Histogram, floor_ns: int) -> int:
 
 @pytest.mark.kernel
 def test_runqueue_outliers_under_contention_carry_victim_stacks(kernel_ready: None) -> None:
-    from tailsight.probes.runqueue import DROPPED, RunQueueProbe
-
     cpu = default_cpu()
     tasks = [Task("victim", cpu=cpu), Task("victim", cpu=cpu), Task("noisy", cpu=cpu)]
     with (
@@ -340,8 +335,6 @@ def _event(cgroup_id: int, kernel: int, user: int, tgid: int = 10, detail: int =
 def test_stream_counts_symbolizes_once_and_recycles_the_stack_map(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tailsight.probes import outliers
-
     bpf = _FakeBpf()
     stacks = bpf.tables["x_outlier_stacks"]
     stacks[1] = [0xA2, 0xA1, 0xA0]  # kernel, leaf first

@@ -14,6 +14,7 @@ import pytest
 from tailsight.hist import Histogram, bucket_upper_bounds_ns
 from tailsight.histfile import Counter, HistDocument
 from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.btf import Btf
 from tailsight.probes.runqueue import (
     DISPLACED_SWITCHES,
     DISPLACED_WAIT,
@@ -88,8 +89,6 @@ def probe(kernel_ready: None) -> Iterator[RunQueueProbe]:
 
 @pytest.mark.kernel
 def test_tracepoint_signatures_match_btf(kernel_ready: None) -> None:
-    from tailsight.probes.btf import Btf
-
     btf = Btf.load()
     for tracepoint, args in expected_tracepoint_args().items():
         assert btf.tracepoint_args(tracepoint) == list(args)

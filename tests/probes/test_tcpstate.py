@@ -22,6 +22,7 @@ from probe_netns import veth_pair
 
 from tailsight.hist import Histogram, bucket_index
 from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.btf import Btf
 from tailsight.probes.catalog import create_probe
 from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, resolve_offsets
 from tailsight.probes.tcpstate import (
@@ -251,8 +252,6 @@ def test_document_names_cgroups_and_keeps_state_labels() -> None:
 
 @pytest.mark.kernel
 def test_tracepoint_signatures_and_states_match_btf(kernel_ready: None) -> None:
-    from tailsight.probes.btf import Btf
-
     btf = Btf.load()
     for tracepoint, args in expected_tracepoint_args().items():
         assert btf.tracepoint_args(tracepoint)[: len(args)] == list(args)

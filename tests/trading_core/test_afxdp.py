@@ -54,8 +54,6 @@ RING = 256
 @pytest.fixture(scope="module")
 def xdp_path(topo: Topology) -> Iterator[AfXdpPath]:
     """One compiled, attached steering program and socket for the module (compiling is slow)."""
-    from tailsight.trading_core.feed import AfXdpPath
-
     with in_netns(topo.trading_ns):
         path = AfXdpPath(topo.trading_if, topo.feed_port, frames=RING, ring_size=RING)
     try:

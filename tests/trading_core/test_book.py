@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, BookInvariantError, LevelView, TopOfBook
+from tailsight.trading_core.itch_file import iter_itch
+from tailsight.trading_core.market import write_day
 from tailsight.trading_core.naive_book import NaiveBook
 
 AAPL = 7
@@ -264,9 +266,6 @@ def test_raw_handlers_match_decode_then_apply(tmp_path: Any) -> None:
     and trades as ``apply(itch.decode(raw))``: a generated day, then one message of every type
     it handles."""
     from feed_helpers import book_state
-
-    from tailsight.trading_core.itch_file import iter_itch
-    from tailsight.trading_core.market import write_day
 
     day = tmp_path / "day.itch"
     write_day(day, seed=5, symbols=4, messages=3000)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from feed_helpers import book_state, reference_book
 
+from tailsight.trading_core import itch
+from tailsight.trading_core.exchange import Exchange
 from tailsight.trading_core.feed import FeedHandler, UdpPath
 from tailsight.trading_core.itch_file import iter_itch
 from tailsight.trading_core.market import write_day
@@ -22,6 +24,7 @@ from tailsight.trading_core.moldudp64 import (
     pack_messages,
 )
 from tailsight.trading_core.netns import Topology, in_netns, topology, unique_topology
+from tailsight.trading_core.timing import IN_SYSTEM, QUEUE, RECEIVE, StageTimer
 
 SESSION = "TSFEEDTEST"
 # Packet indices the "exchange" never sends: four separate gaps, one of them five packets long.
@@ -136,8 +139,6 @@ def test_gaps_are_rerequested_and_the_book_matches_the_file(
 def test_exchange_simulator_feed_builds_the_file_book(topo: Topology, day: Path, path: str) -> None:
     # The exchange simulator (helper J's) replaying the file as fast as it may: the feed handler
     # must see its whole session, including its end, and hold the file's book.
-    from tailsight.trading_core.exchange import Exchange
-
     feed = FeedHandler(topo, path)
     exchange = Exchange(topo, day, max_packets_per_s=20_000, heartbeat_interval_s=0.05)
     try:
@@ -156,9 +157,6 @@ def test_a_message_waiting_behind_an_earlier_one_is_queued_not_in_system(topo: T
     """The second message of a packet is not charged the first one's handling in in-system
     tick-to-trade: a 300 µs first message (busy-waited in the callback, its end
     stamped here as ground truth) shows up as the second one's ``queue``, not its in-system."""
-    from tailsight.trading_core import itch
-    from tailsight.trading_core.timing import IN_SYSTEM, QUEUE, RECEIVE, StageTimer
-
     packets = 5
     messages = [itch.encode(itch.SystemEvent(0, 0, index, "O")) for index in range(2 * packets)]
     timer = StageTimer(len(messages))

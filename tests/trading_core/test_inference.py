@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tailsight.trading_core.book import Book, TopOfBook
+from tailsight.trading_core.components import remove_cgroup_tree
 from tailsight.trading_core.inference.features import (
     LABELS,
     BookFeatures,
@@ -38,6 +39,7 @@ from tailsight.trading_core.inference.stage import (
     InferenceConfig,
     InferenceStage,
     classify,
+    inference_cgroup,
 )
 from tailsight.trading_core.strategy import IOC, RiskLimits, Strategy, StrategyConfig
 from tests.trading_core.test_strategy import SYMBOLS, FakeSink
@@ -190,8 +192,6 @@ def _in_cgroup(pid: int) -> str:
 def test_the_stage_runs_in_its_own_process_and_cgroup_and_times_every_request() -> None:
     cgroup = None
     if os.geteuid() == 0:
-        from tailsight.trading_core.inference.stage import inference_cgroup
-
         cgroup = inference_cgroup("tailsight-test-inference")
     hook = BoundedSignalHook(max_age_ns=60_000_000_000)
     try:
@@ -245,8 +245,6 @@ def test_the_stage_runs_in_its_own_process_and_cgroup_and_times_every_request() 
             assert stage.last[9].features_ns in (t0, t0 + 1_000_000_000)
     finally:
         if cgroup is not None:
-            from tailsight.trading_core.components import remove_cgroup_tree
-
             remove_cgroup_tree(cgroup.parent)
 
 

@@ -21,6 +21,7 @@ import pytest
 from feed_helpers import book_state
 from typer.testing import CliRunner
 
+from tailsight.cli.main import app
 from tailsight.histfile import HistDocument
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book
@@ -284,8 +285,6 @@ def test_replay_under_two_cpu_hogs_in_a_sibling_cgroup_completes(
 
 @pytest.mark.kernel
 def test_replay_command_writes_one_result_per_run(day: Path, tmp_path: Path) -> None:
-    from tailsight.cli.main import app
-
     out = tmp_path / "runs"
     result = CliRunner().invoke(
         app,

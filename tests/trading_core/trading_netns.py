@@ -12,6 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tailsight.trading_core.moldudp64 import (
+    MoldReceiver,
+    MoldRequest,
+    decode_packet,
+    encode_request,
+)
 from tailsight.trading_core.netns import Topology, in_netns, topology, unique_topology
 
 _counter = itertools.count()
@@ -73,8 +79,6 @@ class FeedListener:
     """A plain MoldUDP64 receiver in the trading namespace: re-requests gaps, runs a callback."""
 
     def __init__(self, topo: Topology, on_message=None) -> None:  # type: ignore[no-untyped-def]
-        from tailsight.trading_core.moldudp64 import MoldReceiver
-
         self.topo = topo
         self.receiver = MoldReceiver()
         self.messages: list[bytes] = []
@@ -103,8 +107,6 @@ class FeedListener:
         return self.receiver.complete
 
     def _request(self, start: int, count: int) -> None:
-        from tailsight.trading_core.moldudp64 import MoldRequest, encode_request
-
         assert self.receiver.session is not None
         request = encode_request(MoldRequest(self.receiver.session, start, count))
         # Requests go from the same socket, so retransmissions come back to it.
@@ -112,8 +114,6 @@ class FeedListener:
         self.requests += 1
 
     def _run(self) -> None:
-        from tailsight.trading_core.moldudp64 import decode_packet
-
         last_request = 0.0
         while not self._stop.is_set():
             try:

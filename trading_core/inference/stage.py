@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from tailsight.cgroups import find_cgroup2_mount, own_cgroup_path
 from tailsight.hist import Histogram
 from tailsight.histfile import Counter, Series
 from tailsight.trading_core.book import Book, TradeEvent
+from tailsight.trading_core.components import BASE_CGROUP, cgroup_dir, join_cgroup
 from tailsight.trading_core.inference.features import (
     LABELS,
     BookFeatures,
@@ -129,8 +131,6 @@ class BoundedSignalHook(SignalHook):
 def sibling_cgroup(name: str = "inference") -> Path:
     """``name`` beside the calling process's own cgroup (created): a component that places
     the stage next to itself, e.g. ``…/trading`` → ``…/inference``."""
-    from tailsight.cgroups import find_cgroup2_mount, own_cgroup_path
-
     directory = (find_cgroup2_mount() / own_cgroup_path().strip("/")).parent / name
     directory.mkdir(exist_ok=True)
     return directory
@@ -138,8 +138,6 @@ def sibling_cgroup(name: str = "inference") -> Path:
 
 def inference_cgroup(base: str | None = None) -> Path:
     """``<cgroup2>/<base>/inference``, beside the trading system's component cgroups."""
-    from tailsight.trading_core.components import BASE_CGROUP, cgroup_dir
-
     return cgroup_dir("inference", base or BASE_CGROUP)
 
 
@@ -409,8 +407,6 @@ def _main(argv: list[str]) -> int:
     sock = socket.socket(fileno=fd)
     try:
         if cgroup:  # before the model loads: its CPU time is the inference cgroup's from the start
-            from tailsight.trading_core.components import join_cgroup
-
             try:
                 join_cgroup(Path(cgroup))
             except OSError as error:
