@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.jumps import benjamini_hochberg
-from tailsight.histfile import HistDocument, LabelKey
+from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.outliers import OUTLIER_EVENTS_SUFFIX
 from tailsight.probes.runqueue import DISPLACED_SWITCHES, DISPLACED_WAIT
 

@@ -43,7 +43,7 @@ from tailsight.analysis.attribution import (
 )
 from tailsight.analysis.jumps import benjamini_hochberg
 from tailsight.cgroups import is_within
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.netsyscall import ERRORS

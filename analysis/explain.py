@@ -60,7 +60,7 @@ from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_thre
 from tailsight.cgroups import is_within
 from tailsight.collector.store import IntervalArrays, Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
-from tailsight.histfile import HistDocument, LabelKey
+from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.catalog import series_title
 from tailsight.probes.netsyscall import ERRORS

@@ -59,7 +59,7 @@ from tailsight.analysis.quantiles import (
     select_series,
     tail_events,
 )
-from tailsight.histfile import HistDocument, LabelKey, label_key
+from tailsight.intervals import HistDocument, LabelKey, label_key
 from tailsight.stages import IN_SYSTEM
 
 JSON_FORMAT: Final = "tailsight.gate/2"

@@ -16,7 +16,7 @@ likelihood is a quasi-likelihood divided by a dispersion factor ``phi >= 1`` est
 3. alarm when a CUSUM exceeds ``h = ln(sides / false_alarm_rate)``. For an exact likelihood-ratio
    CUSUM the in-control average run length is at least ``e^h`` (Lorden), so each side raises at most
    ``false_alarm_rate / sides`` alarms per interval: the rate is calibrated by construction (the
-   harness in ``tailsight.analysis.eval`` measures it);
+   harness in ``tailsight.testing.eval`` measures it);
 4. the change is dated at the interval after the CUSUM's last zero; before = reference plus quiet
    intervals, after = change..alarm; the jump is *confirmed* by a distribution-level test (below);
 5. the detector re-baselines on the post-change intervals and carries on.
@@ -51,7 +51,7 @@ import numpy.typing as npt
 
 from tailsight.analysis.quantiles import histogram_from_dense, quantile_name, series_arrays
 from tailsight.hist import NUM_BUCKETS, bucket_upper_bounds_ns
-from tailsight.histfile import HistDocument, LabelKey
+from tailsight.intervals import HistDocument, LabelKey
 
 Direction = Literal["up", "down"]
 _MIN_EXPECTED = 5.0

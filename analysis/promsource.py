@@ -37,7 +37,7 @@ from tailsight.collector.exporter import (
     window_label,
 )
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 DEFAULT_WINDOW_S: Final = 15 * 60.0
 # Prometheus refuses a range query of more than 11,000 points per series.

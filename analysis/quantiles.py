@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import HistDocument, HistFormatError, LabelKey, label_key
+from tailsight.intervals import HistDocument, HistFormatError, LabelKey, label_key
 
 
 class RunInputError(ValueError):

@@ -24,7 +24,7 @@ from tailsight.analysis.causes import Cause
 from tailsight.analysis.explain import PLOT_QUANTILES, JumpExplanation, Report, view_counts
 from tailsight.analysis.quantiles import quantile_name
 from tailsight.hist import BUCKET_WIDTH_NS, LINEAR_BUCKETS
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 
 SVG_NS: Final = "http://www.w3.org/2000/svg"
 PLOT_W: Final = 720

@@ -30,7 +30,7 @@ from tailsight.analysis.jumps import TailThreshold
 from tailsight.analysis.quantiles import matches
 from tailsight.collector.store import IntervalArrays, Layout
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import HistDocument, LabelKey
+from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.outliers import OUTLIER_EVENTS_SUFFIX
 from tailsight.probes.runqueue import DISPLACED_SWITCHES
 

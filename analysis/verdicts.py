@@ -20,7 +20,7 @@ from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
 from tailsight.cgroups import is_within
 from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import CounterPairs, HistDocument
+from tailsight.intervals import CounterPairs, HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 

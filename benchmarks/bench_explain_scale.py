@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from tailsight.collector.store import RecordingWriter
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERVAL_NS = 1_000_000_000

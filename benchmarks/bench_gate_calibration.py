@@ -9,15 +9,15 @@ import argparse
 import math
 import time
 
-from tailsight.analysis.eval import (
+from tailsight.analysis.gate import GateConfig
+from tailsight.analysis.jumps import JumpConfig
+from tailsight.testing.eval import (
     IntervalNoise,
     RunNoise,
     fdr_calibration,
     gate_calibration,
     jump_calibration,
 )
-from tailsight.analysis.gate import GateConfig
-from tailsight.analysis.jumps import JumpConfig
 
 
 def gate_section(trials: int, run_counts: list[int]) -> None:

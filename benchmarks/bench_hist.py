@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
 
 QS = [0.5, 0.99, 0.999]
 

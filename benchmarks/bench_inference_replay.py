@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from tailsight.cli.demo import fast_forward_off_hours
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.trading_core.inference.stage import DECODE, PREFILL, QUEUE_WAIT, SIGNAL_AGE
 from tailsight.trading_core.netns import topology, unique_topology
 from tailsight.trading_core.replay import (

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from tailsight.analysis.eval import Rate
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
+from tailsight.testing.eval import Rate
 from tailsight.testing.inject import (
     KINDS,
     QUIET,

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tailsight.analysis.eval import Rate, pooled_event_test
 from tailsight.analysis.gate import DEFAULT_SERIES, GateConfig, Outcome, gate_documents
 from tailsight.analysis.quantiles import run_quantiles, select_series
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
+from tailsight.testing.eval import Rate, pooled_event_test
 
 CLI = "import sys; from tailsight.cli.main import app; sys.argv[0] = 'tailsight'; app()"
 RESAMPLED_RUNS = (5, 10, 15, 20, 30, 40, 60)

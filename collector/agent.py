@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from tailsight.cgroups import is_within
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import Family, ProbeStatus, RecordingStatus
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot
 from tailsight.probes.catalog import PROBES, create_probe
 

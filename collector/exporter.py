@@ -26,7 +26,7 @@ from tailsight.hist import (
     SparseHistogram,
     bucket_upper_bounds_ns,
 )
-from tailsight.histfile import Counter, CounterPairs, HistDocument, LabelKey, key_of, label_key
+from tailsight.intervals import Counter, CounterPairs, HistDocument, LabelKey, key_of, label_key
 from tailsight.probes.base import HIST_ROW
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.loader import read_program_stats

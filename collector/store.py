@@ -28,7 +28,7 @@ import numpy.typing as npt
 import zstandard
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import (
+from tailsight.intervals import (
     Counter,
     HistDocument,
     HistFormatError,

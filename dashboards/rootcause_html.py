@@ -20,7 +20,7 @@ from tailsight.analysis.explain import (
 )
 from tailsight.analysis.report_html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 
 WIDTH: Final = 720
 HEIGHT: Final = 200

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
-from tailsight.histfile import (
+from tailsight.intervals import (
     Counter,
     CounterPairs,
     HistDocument,

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import NUM_BUCKETS, bucket_upper_bounds_ns
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.probes.base import (
     HIST_ROW,
     CounterInfo,

@@ -11,7 +11,7 @@ from typing import Final
 
 import numpy as np
 
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.probes.base import (
     HIST_ROW,
     CounterInfo,

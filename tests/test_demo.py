@@ -20,7 +20,7 @@ import pytest
 
 from tailsight.cli.demo import fast_forward_off_hours, parse_args, window_document
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.features import find_cgroup2_mount
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
 from tailsight.trading_core.netns import list_namespaces

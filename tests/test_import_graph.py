@@ -14,12 +14,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 LAYERS = (
-    ("core", ()),  # the modules in tailsight/ itself: hist, histfile, cgroups, stages
+    ("core", ()),  # the modules in tailsight/ itself: hist, intervals, cgroups, stages
     ("probes", ("tailsight.probes",)),
     ("collector", ("tailsight.collector",)),
     ("analysis", ("tailsight.analysis",)),
     ("dashboards", ("tailsight.dashboards",)),
-    ("testing", ("tailsight.testing",)),  # workloads and injections with known ground truth
+    ("testing", ("tailsight.testing",)),  # workloads, injections, synthetic models: known truth
     ("application", ("tailsight.cli",)),  # the commands, their wiring, the demo
 )
 """Lowest first: a module may import its own layer and those below it, never one above."""

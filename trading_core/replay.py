@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.cgroups import find_cgroup2_mount
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.trading_core import ouch
 from tailsight.trading_core.book import Book, TopOfBook, TradeEvent
 from tailsight.trading_core.components import join_cgroup, remove_cgroup_tree

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 # The stage names (the document's vocabulary), re-exported for the pipeline's own modules.
 from tailsight.stages import IN_SYSTEM as IN_SYSTEM

@@ -42,7 +42,7 @@ from tailsight.cli.trace_view import (
     series_key,
 )
 from tailsight.collector.store import Recording
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.testing.inject import Injection, score
 from tailsight.testing.workload import Workload, python_task, stop_process
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS

@@ -14,7 +14,7 @@ import typer
 
 if TYPE_CHECKING:
     from tailsight.analysis.gate import Breakdown, GateResult
-    from tailsight.histfile import LabelKey
+    from tailsight.intervals import LabelKey
 
 VIEW_WIDTH: Final = 80
 _STYLE: Final = {"pass": "green", "regression": "bold red", "inconclusive": "yellow"}

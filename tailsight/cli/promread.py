@@ -14,7 +14,7 @@ import typer
 from tailsight.cli.timerange import parse_time
 
 if TYPE_CHECKING:
-    from tailsight.histfile import HistDocument
+    from tailsight.intervals import HistDocument
 
 BASIC_AUTH_ENV: Final = "TAILSIGHT_PROMETHEUS_BASIC_AUTH"
 DEFAULT_WINDOW: Final = "-15m"

@@ -35,7 +35,7 @@ from tailsight.cli.shared import (
 from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
 
 if TYPE_CHECKING:
-    from tailsight.histfile import HistDocument
+    from tailsight.intervals import HistDocument
 
 VIEW_WIDTH: Final = 80
 SHOW_QUANTILES: Final = (0.5, 0.99, 0.999)
@@ -119,7 +119,7 @@ def summarize(documents: Iterable[HistDocument]) -> dict[str, Any]:
     interval where it had observations. Streams: memory grows with series, not intervals."""
     # Loads numpy: kept out of `tailsight --help`.
     from tailsight.hist import Histogram
-    from tailsight.histfile import LabelKey, key_of
+    from tailsight.intervals import LabelKey, key_of
 
     intervals = 0
     start_ns = end_ns = None

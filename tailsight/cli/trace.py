@@ -28,7 +28,7 @@ from tailsight.cli.trace_view import (
 
 if TYPE_CHECKING:
     from tailsight.cli.wiring import LiveSession, LiveSource
-    from tailsight.histfile import HistDocument
+    from tailsight.intervals import HistDocument
 
 
 def open_session(

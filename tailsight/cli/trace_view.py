@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from tailsight.hist import Histogram, SparseHistogram
-    from tailsight.histfile import HistDocument, Series
+    from tailsight.intervals import HistDocument, Series
 
 VIEW_WIDTH: Final = 80
 # Sparkline columns: exact coarse buckets (each an upper bound of the 5 µs model), then "more".

@@ -25,7 +25,7 @@ from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.pods import PodDirectory, PodLabeler
 from tailsight.collector.store import RecordingWriter
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import Probe
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.features import enable_bpf_stats

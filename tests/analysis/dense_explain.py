@@ -23,7 +23,7 @@ from tailsight.analysis.explain import (
 from tailsight.analysis.jumps import OfflineResult, detect_many
 from tailsight.analysis.quantiles import series_arrays
 from tailsight.hist import bucket_index
-from tailsight.histfile import HistDocument, LabelKey
+from tailsight.intervals import HistDocument, LabelKey
 
 
 def dense_explain(

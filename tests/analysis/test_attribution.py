@@ -21,7 +21,7 @@ from tailsight.analysis.attribution import (
     stack_shifts,
 )
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import Counter, HistDocument, label_key
+from tailsight.intervals import Counter, HistDocument, label_key
 
 FAST_BUCKET = 4  # (20, 25] µs
 SLOW_BUCKET = 100  # (500, 505] µs

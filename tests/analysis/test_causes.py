@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
 from tailsight.analysis.report_html import render_html
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.testing.eval import LatencyModel
 from tests.analysis.test_explain import FAST, INTERVAL_NS, START_NS, _hist
 
 CONFIG = ExplainConfig(n_boot=100)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.explain import explain_documents
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
+from tailsight.testing.eval import LatencyModel
 from tests.analysis.test_causes import CONFIG, _counter
 from tests.analysis.test_explain import INTERVAL_NS, START_NS, _hist
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from tailsight.analysis.eval import (
+from tailsight.hist import NUM_BUCKETS, Histogram
+from tailsight.testing.eval import (
     LatencyModel,
     Rate,
     RunNoise,
@@ -16,7 +17,6 @@ from tailsight.analysis.eval import (
     jump_calibration,
     simulate_runs,
 )
-from tailsight.hist import NUM_BUCKETS, Histogram
 
 MODEL = LatencyModel()
 

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
 from tailsight.analysis.report_html import render_html
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.testing.eval import LatencyModel
 
 INTERVAL_NS = 1_000_000_000
 START_NS = 1_790_000_000 * INTERVAL_NS

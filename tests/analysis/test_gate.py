@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.analysis.gate import (
     DEFAULT_SERIES,
     Comparison,
@@ -27,7 +26,8 @@ from tailsight.analysis.gate import (
 )
 from tailsight.analysis.quantiles import parse_quantiles, parse_selector, quantile_name
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
+from tailsight.testing.eval import LatencyModel, RunNoise, simulate_runs
 
 ALPHA = 0.05
 CONFIG = GateConfig()

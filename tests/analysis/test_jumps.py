@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom
 
-from tailsight.analysis.eval import IntervalNoise, LatencyModel, fdr_calibration, simulate_intervals
 from tailsight.analysis.jumps import (
     JumpConfig,
     OnlineJumpDetector,
@@ -27,7 +26,8 @@ from tailsight.analysis.jumps import (
 )
 from tailsight.analysis.quantiles import histogram_from_dense
 from tailsight.hist import NUM_BUCKETS
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
+from tailsight.testing.eval import IntervalNoise, LatencyModel, fdr_calibration, simulate_intervals
 
 MODEL = LatencyModel()
 CHANGE = 60

@@ -11,7 +11,7 @@ import pytest
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents, explain_recording
 from tailsight.collector.store import Recording, RecordingWriter
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
 from tests.analysis.dense_explain import dense_explain
 from tests.analysis.test_causes import migration_documents, tcp_documents
 from tests.analysis.test_explain import hog_documents, incident_documents, mix_documents

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailsight.analysis.eval import LatencyModel
 from tailsight.analysis.verdicts import JumpVerdicts, Verdict
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.testing.eval import LatencyModel
 
 INTERVAL_NS = 1_000_000_000
 START_NS = 1_790_000_000 * INTERVAL_NS

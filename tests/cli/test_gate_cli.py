@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tailsight.analysis.eval import LatencyModel, RunNoise, simulate_runs
 from tailsight.analysis.gate import DEFAULT_STAGE
 from tailsight.cli.main import app
+from tailsight.testing.eval import LatencyModel, RunNoise, simulate_runs
 
 runner = CliRunner()
 MODEL = LatencyModel()

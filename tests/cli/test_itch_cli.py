@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tailsight.cli.main import app
 from tailsight.trading_core import itch
 from tailsight.trading_core.market import generate_day
-from tailsight.trading_core.naive_book import NaiveBook
+from tests.trading_core.naive_book import NaiveBook
 
 runner = CliRunner()
 

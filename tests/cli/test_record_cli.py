@@ -28,7 +28,7 @@ from tailsight.cli.main import app
 from tailsight.cli.record import parse_time
 from tailsight.collector.store import Recording, RecordingWriter, list_segments
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 T0_NS = 1_700_000_000 * 10**9
 SECOND_NS = 10**9

@@ -16,7 +16,7 @@ from tailsight.cli.main import app
 from tailsight.cli.trace_view import KEY_HELP, SPARK_BOUNDS_NS, VIEW_WIDTH, render, sparkline
 from tailsight.cli.wiring import open_session, wait_until
 from tailsight.hist import Histogram
-from tailsight.histfile import FORMAT, Counter, HistDocument, Series
+from tailsight.intervals import FORMAT, Counter, HistDocument, Series
 from tailsight.testing.workload import Task, Workload, default_cpu, private_base, python_task
 
 runner = CliRunner()

@@ -40,7 +40,7 @@ from tailsight.cli.trace_view import (
     shade,
 )
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 INTERVAL_NS = 250_000_000
 VICTIM = {"probe": "runqueue", "cgroup": "/victim"}

@@ -13,7 +13,7 @@ import pytest
 from tailsight.cgroups import CgroupResolver
 from tailsight.cli.wiring import BadInput, RunningTotal, check_probes, open_session
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import Snapshot
 from tests.collector.test_agent import FakeProbe, script
 

@@ -38,7 +38,7 @@ from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.store import Recording, RecordingWriter
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.loader import ProbeError
 

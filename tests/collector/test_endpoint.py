@@ -34,7 +34,7 @@ from tailsight.collector.endpoint import (
 )
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
 
 T0_NS = 1_700_000_000 * 10**9
 

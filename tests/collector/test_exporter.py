@@ -32,7 +32,7 @@ from tailsight.collector.exporter import (
     window_label,
 )
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram, SparseHistogram, bucket_upper_bounds_ns
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes import features
 from tailsight.probes.base import HIST_ROW, PairCounters, Snapshot, labels
 from tailsight.probes.loader import prog_test_run_raw_tp

@@ -9,7 +9,7 @@ import numpy as np
 
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import PrometheusExporter
-from tailsight.histfile import Counter
+from tailsight.intervals import Counter
 from tailsight.probes.pressure import INFO as PRESSURE
 from tailsight.probes.throttle import INFO as THROTTLE
 from tests.collector.test_exporter import doc, scrape

@@ -31,7 +31,7 @@ from tailsight.collector.pods import (
     parse_pod_list,
 )
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 
 T0_NS = 1_700_000_000 * 10**9
 

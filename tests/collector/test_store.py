@@ -37,7 +37,7 @@ from tailsight.collector.store import (
     scan_segment,
 )
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot, labels
 
 INTERVAL_NS = 1_000_000_000

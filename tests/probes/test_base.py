@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tailsight.hist import NUM_BUCKETS, Histogram, SparseHistogram
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.probes import base
 from tailsight.probes.base import (
     HIST_ROW,

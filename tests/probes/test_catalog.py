@@ -11,7 +11,7 @@ import numpy as np
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.dashboards.metrics import KERNEL_LATENCIES
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, HistDocument, Series
+from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.catalog import PROBES, series_title
 
 PROBES_DIR = Path(__file__).resolve().parents[2] / "probes"

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tailsight.hist import Histogram, bucket_index, bucket_upper_bounds_ns
-from tailsight.histfile import Counter, HistDocument
+from tailsight.intervals import Counter, HistDocument
 from tailsight.probes import outliers
 from tailsight.probes.base import HistogramRows, Labels, Snapshot, labels
 from tailsight.probes.netsyscall import NetSyscallProbe

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tailsight.hist import Histogram, bucket_upper_bounds_ns
-from tailsight.histfile import Counter, HistDocument
+from tailsight.intervals import Counter, HistDocument
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.btf import Btf
 from tailsight.probes.runqueue import (

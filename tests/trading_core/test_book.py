@@ -16,7 +16,7 @@ from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book, BookInvariantError, LevelView, TopOfBook
 from tailsight.trading_core.itch_file import iter_itch
 from tailsight.trading_core.market import write_day
-from tailsight.trading_core.naive_book import NaiveBook
+from tests.trading_core.naive_book import NaiveBook
 
 AAPL = 7
 

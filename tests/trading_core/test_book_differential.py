@@ -13,7 +13,7 @@ from tailsight.trading_core.book import Book, Depth, TradeEvent
 from tailsight.trading_core.itch_batch import decode_batch
 from tailsight.trading_core.itch_file import iter_itch, iter_itch_chunks
 from tailsight.trading_core.market import generate_day, write_day
-from tailsight.trading_core.naive_book import NaiveBook
+from tests.trading_core.naive_book import NaiveBook
 
 
 def _depth(depth: Depth) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:

@@ -25,8 +25,8 @@ from tailsight.trading_core.fastbook import FastBook
 from tailsight.trading_core.itch_batch import decode_batch
 from tailsight.trading_core.itch_file import iter_itch_chunks, write_itch
 from tailsight.trading_core.market import generate_day
-from tailsight.trading_core.naive_book import NaiveBook
 from tests.trading_core.itch_strategies import framed
+from tests.trading_core.naive_book import NaiveBook
 from tests.trading_core.test_itch_book_reference import (  # noqa: F401 -- a pytest fixture
     MESSAGES,
     SYMBOLS,

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.trading_core.inference.stage import STAGES
 from tailsight.trading_core.market import write_day
 from tailsight.trading_core.netns import Topology, topology, unique_topology

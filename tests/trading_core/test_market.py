@@ -21,7 +21,7 @@ from tailsight.trading_core.market import (
     write_moldudp64,
 )
 from tailsight.trading_core.moldudp64 import MoldReceiver, decode_packet
-from tailsight.trading_core.naive_book import NaiveBook
+from tests.trading_core.naive_book import NaiveBook
 
 ORDER_TYPES = itch.AddOrder | itch.AddOrderMPID
 

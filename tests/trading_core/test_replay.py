@@ -22,7 +22,7 @@ from feed_helpers import book_state
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.trading_core import itch
 from tailsight.trading_core.book import Book
 from tailsight.trading_core.exchange import Exchange, directory_messages

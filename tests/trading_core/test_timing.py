@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailsight.hist import Histogram
-from tailsight.histfile import HistDocument
+from tailsight.intervals import HistDocument
 from tailsight.trading_core.timing import (
     IN_SYSTEM,
     IN_SYSTEM_WITH_QUEUE,

@@ -36,7 +36,7 @@ from typing import Any, Final, NamedTuple
 
 from tailsight.cgroups import find_cgroup2_mount, own_cgroup_path
 from tailsight.hist import Histogram
-from tailsight.histfile import Counter, Series
+from tailsight.intervals import Counter, Series
 from tailsight.trading_core.book import Book, TradeEvent
 from tailsight.trading_core.components import BASE_CGROUP, cgroup_dir, join_cgroup
 from tailsight.trading_core.inference.features import (

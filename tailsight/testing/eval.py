@@ -32,7 +32,7 @@ from tailsight.analysis.jumps import (
 )
 from tailsight.analysis.quantiles import dense_counts
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
-from tailsight.histfile import HistDocument, Series
+from tailsight.intervals import HistDocument, Series
 
 _INTERVAL_NS = 1_000_000_000
 

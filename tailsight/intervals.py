@@ -1,5 +1,6 @@
-"""The ``tailsight.hist/1`` file format: labelled sparse histograms and counters for one interval,
-as strict, human-readable JSON (spec: ``docs/hist-format.md``)."""
+"""Interval documents, the model every layer passes on: labelled sparse histograms and counters
+for one interval, live in memory, read and written as ``tailsight.hist/1``, strict and
+human-readable JSON (spec: ``docs/hist-format.md``)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.histfile import FORMAT, Counter, HistDocument, HistFormatError, Series
+from tailsight.intervals import FORMAT, Counter, HistDocument, HistFormatError, Series
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "hist-format.md"
 
