@@ -22,9 +22,9 @@ from tailsight.collector.exporter import Family
 from tailsight.hist import NUM_BUCKETS
 from tailsight.intervals import CounterPairs, HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.runqueue import DISPLACED_WAIT
 from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 
-DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
 DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
 MIN_THROTTLED_SHARE: Final = 0.01

@@ -34,6 +34,7 @@ from tailsight.intervals import (
     HistFormatError,
     LabelKey,
     Series,
+    fsync_directory,
     key_of,
     label_key,
 )
@@ -535,7 +536,7 @@ class RecordingWriter:
         for path in removed:
             path.unlink(missing_ok=True)
         if removed:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         return removed
 
     def close(self) -> None:
@@ -595,7 +596,7 @@ class RecordingWriter:
             _write_all(fd, SEGMENT_HEADER if self.version == 2 else SEGMENT_HEADER_V1)
             if self.fsync:
                 os.fsync(fd)
-                _fsync_directory(self.directory)
+                fsync_directory(self.directory)
         except BaseException:  # no header-less segment left behind (a full disk, say)
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -1017,12 +1018,3 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from tailsight import stages
+from tailsight.collector.exporter import QUANTILE_LABEL as QUANTILE_LABEL  # re-exported
 from tailsight.probes.catalog import PROBES
 
-# Label of the exact-quantile gauges naming the quantile ("0.99"); and of their window ("60s").
-QUANTILE_LABEL: Final = "q"  # not "quantile": Prometheus reserves that for summaries
+# The exact-quantile gauges' window label ("60s"); QUANTILE_LABEL names their quantile ("0.99").
 WINDOW_LABEL: Final = "window"
 CGROUP: Final = "cgroup"
 VICTIM: Final = "victim"

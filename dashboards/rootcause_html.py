@@ -21,6 +21,7 @@ from tailsight.analysis.explain import (
 from tailsight.analysis.report_html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument
+from tailsight.probes.runqueue import DISPLACED_WAIT
 
 WIDTH: Final = 720
 HEIGHT: Final = 200
@@ -28,7 +29,6 @@ LEFT: Final = 70
 BOTTOM: Final = 30
 TOP: Final = 24
 COLOURS: Final = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d")
-DISPLACED_WAIT: Final = "runqueue_displaced_wait_ns"
 MIGRATION_COUNTERS: Final = ("task_migrations", "task_migrations_cross_node", "numa_task_moves")
 
 

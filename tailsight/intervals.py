@@ -378,7 +378,7 @@ class HistDocument:
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)
             raise
-        _fsync_directory(target.parent)
+        fsync_directory(target.parent)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> HistDocument:
@@ -566,7 +566,7 @@ def _no_constant(name: str) -> Any:
     raise HistFormatError(f"{name} is not valid JSON")
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make the rename itself durable (POSIX: the directory entry lives in the directory)."""
     try:
         fd = os.open(directory, os.O_RDONLY)

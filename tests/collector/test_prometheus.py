@@ -25,7 +25,14 @@ from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import COARSE_BOUNDS_NS
 from tailsight.collector.store import Recording
 from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
-from tailsight.testing.workload import Task, Workload, contention, default_cpu, private_base
+from tailsight.testing.workload import (
+    Task,
+    Workload,
+    contention,
+    default_cpu,
+    private_base,
+    rmdir_retrying,
+)
 from tests.prometheus_server import PROMETHEUS, Prometheus, free_port, prometheus_scraping
 from tests.statistical import run_tries
 
@@ -163,20 +170,6 @@ def _short_lived(directory: Path, cpu: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _rmdir(directory: Path) -> None:
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            directory.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 def test_cardinality_bounded_under_cgroup_churn(kernel_ready: None, tmp_path: Path) -> None:
     if not Path(PROMETHEUS).exists():
         pytest.skip("kernel: /usr/bin/prometheus missing (run `make setup`)")
@@ -229,7 +222,7 @@ def _churn_try(tmp_path: Path) -> None:
                     proc.wait(timeout=30)
                 # Each batch's cgroups outlive the next batch, so some get read while they exist.
                 for directory in previous:
-                    _rmdir(directory)
+                    rmdir_retrying(directory, timeout_s=5)
                 previous = dirs
                 if time.monotonic() - last_check >= 1.0:
                     last_check = time.monotonic()
@@ -254,8 +247,8 @@ def _churn_try(tmp_path: Path) -> None:
         finally:
             for directory in [d for d in churn_root.iterdir() if d.is_dir()]:
                 with contextlib.suppress(OSError):
-                    _rmdir(directory)
-            _rmdir(churn_root)
+                    rmdir_retrying(directory, timeout_s=5)
+            rmdir_retrying(churn_root, timeout_s=5)
         assert checks >= 2, f"{checks} checks in {time.monotonic() - churn_began:.1f} s"
         running.freeze()
         wait_for_scrape_of(prometheus, running.agent)
