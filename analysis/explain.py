@@ -506,11 +506,7 @@ def explain_recording(
     ``cache_bytes``: see :data:`tailsight.analysis.stream.CACHE_BYTES`)."""
 
     def read() -> Iterator[IntervalArrays]:
-        for interval in recording.iter_intervals(since_ns, until_ns):
-            if (since_ns is None or interval.end_ns > since_ns) and (
-                until_ns is None or interval.start_ns < until_ns
-            ):
-                yield interval
+        return recording.iter_intervals(since_ns, until_ns)
 
     return explain_source(Source(read, ordered=False), selector, config, cache_bytes)
 

@@ -35,6 +35,7 @@ from tailsight.intervals import (
     LabelKey,
     Series,
     fsync_directory,
+    in_range,
     key_of,
     label_key,
 )
@@ -840,7 +841,8 @@ class Recording:
     def documents(
         self, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[HistDocument]:
-        """Intervals overlapping ``[since_ns, until_ns]``, in time order."""
+        """Intervals overlapping ``[since_ns, until_ns)`` (:func:`~tailsight.intervals.in_range`),
+        in time order."""
         return sorted(self.iter_documents(since_ns, until_ns), key=lambda d: (d.start_ns, d.end_ns))
 
     def iter_documents(
@@ -880,9 +882,7 @@ class Recording:
                         overlaps[latest[1]] = overlaps.get(latest[1], 0) + 1
                     if latest is None or d.end_ns > latest[0]:
                         latest = (d.end_ns, path)
-                    if (since_ns is None or d.end_ns >= since_ns) and (
-                        until_ns is None or d.start_ns <= until_ns
-                    ):
+                    if in_range(d.start_ns, d.end_ns, since_ns, until_ns):
                         yield d
             except FileNotFoundError:
                 continue  # removed by retention while being read

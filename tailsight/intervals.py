@@ -167,6 +167,12 @@ class CounterPairs:
         return [counter for _, counter in made]
 
 
+def in_range(start_ns: int, end_ns: int, since_ns: int | None, until_ns: int | None) -> bool:
+    """Whether the interval ``[start_ns, end_ns)`` overlaps ``[since_ns, until_ns)`` by more than
+    an endpoint (None: unbounded): the one time-range rule of every reader."""
+    return (since_ns is None or end_ns > since_ns) and (until_ns is None or start_ns < until_ns)
+
+
 def label_text(key: LabelKey) -> str:
     """Sorted labels' names and values joined by NUL: sorts as the tuples do (no label holds a
     NUL), twice as fast. A counter sorts by its name, NUL, then this."""

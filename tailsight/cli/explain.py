@@ -119,12 +119,7 @@ def explain(
         from tailsight.analysis.report_html import render_html, write_report
 
         if store is not None:  # the heatmaps need the histograms: only this reads them all
-            documents = [
-                d
-                for d in store.documents()
-                if (since_ns is None or d.end_ns > since_ns)
-                and (until_ns is None or d.start_ns < until_ns)
-            ]
+            documents = store.documents(since_ns, until_ns)
         page = render_html(report, documents, title=f"tailsight explain {source_name}")
         try:
             write_report(html, page)

@@ -279,14 +279,7 @@ def show(
         if bounds is not None:
             since_ns = None if since is None else parse_time(since, *bounds)
             until_ns = None if until is None else parse_time(until, *bounds)
-        documents = (
-            d
-            for d in recording.iter_documents(since_ns, until_ns)
-            # Intervals overlapping the range by more than an endpoint.
-            if (since_ns is None or d.end_ns > since_ns)
-            and (until_ns is None or d.start_ns < until_ns)
-        )
-        summary = summarize(documents)
+        summary = summarize(recording.iter_documents(since_ns, until_ns))
     except FileNotFoundError as error:
         raise typer.BadParameter(str(error), param_hint="DIR") from error
     except OSError as error:
