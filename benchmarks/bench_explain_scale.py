@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.collector.store import RecordingWriter
+from tailsight.collector.store.reader import RecordingWriter
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 
@@ -212,7 +212,7 @@ def main() -> None:
             f"({'right' if ok else 'WRONG'}: injected at {change})"
         )
         one_pass = (
-            "from tailsight.collector.store import Recording; "
+            "from tailsight.collector.store.reader import Recording; "
             f"n = sum(1 for _ in Recording({str(directory)!r}).iter_intervals()); print(n)"
         )
         base_wall, base_rss, _ = measure(one_pass)
@@ -222,7 +222,7 @@ def main() -> None:
         )
         if args.quick:
             dense = (
-                "from tailsight.collector.store import Recording; "
+                "from tailsight.collector.store.reader import Recording; "
                 "from tests.analysis.dense_explain import dense_explain; "
                 f"r = dense_explain(Recording({str(directory)!r}).documents()); "
                 "print(len(r.incidents))"

@@ -24,7 +24,7 @@ from bench_collector import SyntheticProbe
 from tailsight.cgroups import CgroupResolver
 from tailsight.collector.agent import Agent
 from tailsight.collector.config import CollectorConfig
-from tailsight.collector.store import (
+from tailsight.collector.store.reader import (
     SEGMENT_HEADER,
     LabelTexts,
     Recording,

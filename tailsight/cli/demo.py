@@ -41,7 +41,7 @@ from tailsight.cli.trace_view import (
     render,
     series_key,
 )
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.testing.inject import Injection, score
 from tailsight.testing.workload import Workload, python_task, stop_process

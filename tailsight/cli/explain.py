@@ -27,7 +27,7 @@ from tailsight.cli.shared import cannot_read, report_problems
 from tailsight.cli.timerange import SinceOption, UntilOption, parse_time
 
 if TYPE_CHECKING:
-    from tailsight.collector.store import Recording
+    from tailsight.collector.store.reader import Recording
 
 
 def explain(
@@ -65,7 +65,7 @@ def explain(
     # Loads numpy: kept out of `tailsight --help`.
     from tailsight.analysis.explain import ExplainConfig, explain_documents, explain_recording
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
-    from tailsight.collector.store import Recording
+    from tailsight.collector.store.reader import Recording
 
     try:
         selector = parse_selector(series)

@@ -240,7 +240,7 @@ def show(
     """Summarize a recording, or what a Prometheus holds (--prometheus): quantiles over time per
     probe and cgroup."""
     # Loads numpy: kept out of `tailsight --help`.
-    from tailsight.collector.store import Recording
+    from tailsight.collector.store.reader import Recording
 
     if (directory is None) == (prometheus is None):
         raise typer.BadParameter("give a recording DIR or --prometheus URL (one of them)")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from tailsight.collector.store import Recording
+    from tailsight.collector.store.reader import Recording
 
 
 def log_to_stderr(message: str) -> None:

@@ -38,7 +38,7 @@ from typing import IO, Final
 from tailsight.analysis.causes import Cause
 from tailsight.analysis.explain import Report
 from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.intervals import HistDocument
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.probes.runqueue import read_cpu_times_ns, read_steal_ns

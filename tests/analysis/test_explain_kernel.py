@@ -15,7 +15,7 @@ import pytest
 
 from tailsight.analysis.explain import ExplainConfig, explain_documents
 from tailsight.analysis.report_html import render_html
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.testing.workload import Workload, private_base, python_task
 
 CPU = 0

@@ -23,7 +23,7 @@ from tailsight.collector.agent import Agent
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import COARSE_BOUNDS_NS
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.hist import NUM_BUCKETS, bucket_lower_bounds_ns, bucket_upper_bounds_ns
 from tailsight.testing.workload import (
     Task,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tailsight.collector.exporter import GENERIC_HELP
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.probes.catalog import PROBES
 from tailsight.testing.workload import Workload, private_base, python_task
 

@@ -25,8 +25,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailsight.collector import store
-from tailsight.collector.store import (
+from tailsight.collector.store import reader as store
+from tailsight.collector.store.reader import (
     RECORD_MAGIC,
     SEGMENT_HEADER,
     Recording,

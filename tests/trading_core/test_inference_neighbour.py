@@ -30,7 +30,7 @@ import pytest
 
 from tailsight.analysis.explain import Report, explain_documents
 from tailsight.cli.demo import fast_forward_off_hours
-from tailsight.collector.store import Recording
+from tailsight.collector.store.reader import Recording
 from tailsight.intervals import HistDocument
 from tailsight.testing.inject import CPU, INTERVAL_S, Injection, recording, score
 from tailsight.testing.workload import private_base

@@ -1,0 +1,1 @@
+"""The recording store: ``docs/recording.md``."""
