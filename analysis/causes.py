@@ -47,6 +47,7 @@ from tailsight.intervals import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.netsyscall import ERRORS
+from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
 from tailsight.probes.pressure import SOME as PRESSURE_SOME
 from tailsight.probes.runqueue import DISPLACED_WAIT, STEAL
 from tailsight.probes.tcpstate import PEER_RETRANSMITS, RETRANSMIT_FAILURES, RETRANSMITS
@@ -277,7 +278,7 @@ class CounterTable:
         rows = counter_rows(documents, wanted_counter)
         for t, document in enumerate(documents):
             for series in document.series:
-                if series.labels.get("probe") == "netsyscall":
+                if series.labels.get("probe") == NETSYSCALL:
                     key = (CALLS, tuple(sorted(series.labels.items())))
                     rows.setdefault(key, np.zeros(len(documents)))[t] += series.hist.count
         return cls.of_rows(rows)

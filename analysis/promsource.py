@@ -38,6 +38,14 @@ from tailsight.collector.exporter import (
 )
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_upper_bounds_ns
 from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.probes.metricnames import (
+    COUNTER_SAMPLE,
+    HISTOGRAM_UNIT,
+    PREFIX,
+    QUANTILE_UNIT,
+    document_counter,
+    histogram_family,
+)
 
 DEFAULT_WINDOW_S: Final = 15 * 60.0
 # Prometheus refuses a range query of more than 11,000 points per series.
@@ -49,9 +57,14 @@ TARGET_LABELS: Final = ("instance", "job")
 DROPPED_LABELS: Final = frozenset({"__name__", "job"})
 # The label that names what a tcpstate histogram measures, consumed into the metric name.
 WHAT_LABEL: Final = "kind"
-_BUCKET_NAME = re.compile(r"^tailsight_(.+)_seconds_bucket$")
-_QUANTILE_NAME = re.compile(r"^tailsight_(.+)_quantile_seconds$")
-_COUNTER_NAME = re.compile(r"^tailsight_(.+)_total$")
+# The exporter's names (probes/metricnames.py), as the reader finds them: each names the stem.
+_BUCKETS: Final = f"{PREFIX}.+{HISTOGRAM_UNIT}_bucket"
+_SUMS: Final = f"{PREFIX}.+{HISTOGRAM_UNIT}_sum"
+_QUANTILES: Final = f"{PREFIX}.+{QUANTILE_UNIT}"
+_COUNTERS: Final = f"{PREFIX}.+{COUNTER_SAMPLE}"
+_BUCKET_NAME = re.compile(f"^{PREFIX}(.+){HISTOGRAM_UNIT}_bucket$")
+_QUANTILE_NAME = re.compile(f"^{PREFIX}(.+){QUANTILE_UNIT}$")
+_COUNTER_NAME = re.compile(f"^{PREFIX}(.+){COUNTER_SAMPLE}$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Fine bucket (5 µs model) whose upper bound is each coarse bound; the last coarse bucket, +Inf,
 # is the model's overflow.
@@ -231,10 +244,10 @@ def read_documents(
     def read(pattern: str, more: str = "") -> dict[LabelKey, dict[int, float]]:
         return source.query_range(f'{{__name__=~"{pattern}"{more}{extra}}}', times_ms)
 
-    buckets = read("tailsight_.+_seconds_bucket")
-    sums = read("tailsight_.+_seconds_sum")
-    counters = read("tailsight_.+_total", ',probe!=""')
-    gauges = read("tailsight_.+_quantile_seconds", f',window="{window_label(step_ms / 1000)}"')
+    buckets = read(_BUCKETS)
+    sums = read(_SUMS)
+    counters = read(_COUNTERS, ',probe!=""')
+    gauges = read(_QUANTILES, f',window="{window_label(step_ms / 1000)}"')
     documents = [
         HistDocument(start_ns=a * 1_000_000, end_ns=b * 1_000_000)
         for a, b in itertools.pairwise(times_ms)
@@ -242,7 +255,7 @@ def read_documents(
     pins = _pins(gauges)
     for labels, cumulative in _histograms(buckets, times_ms).items():
         total = cumulative[:, -1]
-        sum_points = sums.get(_with_name(labels, "_seconds_sum"), {})
+        sum_points = sums.get(_with_name(labels, f"{HISTOGRAM_UNIT}_sum"), {})
         for k in range(1, len(times_ms)):
             if np.isnan(total[k - 1]) or np.isnan(total[k]):
                 continue  # no sample on one side (absent, stale): nothing known of the step
@@ -260,9 +273,7 @@ def read_documents(
         match = _COUNTER_NAME.match(named.get("__name__", ""))
         if match is None or not any(name in named for name in CGROUP_LABELS):
             continue  # self-metrics (programs, read errors) carry no cgroup
-        name, scale = match[1], 1.0
-        if name.endswith("_seconds"):
-            name, scale = name.removesuffix("_seconds") + "_ns", 1e9
+        name, scale = document_counter(match[1])
         kept = {k: v for k, v in named.items() if k not in DROPPED_LABELS}
         for k in range(1, len(times_ms)):
             before, now = points.get(times_ms[k - 1]), points.get(times_ms[k])
@@ -276,7 +287,7 @@ def read_documents(
 
 def _with_name(labels: LabelKey, suffix: str) -> LabelKey:
     named = dict(labels)
-    named["__name__"] = named["__name__"].removesuffix("_seconds_bucket") + suffix
+    named["__name__"] = named["__name__"].removesuffix(f"{HISTOGRAM_UNIT}_bucket") + suffix
     return tuple(sorted(named.items()))
 
 
@@ -358,7 +369,7 @@ def _pins(
         if match is None or not 0 < q < 1:
             continue
         named.pop("window", None)
-        named["__name__"] = f"tailsight_{match[1]}_seconds_bucket"
+        named["__name__"] = f"{histogram_family(PREFIX + match[1])}_bucket"
         series = tuple(sorted(named.items()))
         for t, value in points.items():
             if math.isfinite(value):

@@ -28,9 +28,10 @@ from tailsight.analysis.attribution import CounterRows
 from tailsight.analysis.causes import CALLS, wanted_counter
 from tailsight.analysis.jumps import TailThreshold
 from tailsight.analysis.quantiles import matches
-from tailsight.collector.store.reader import IntervalArrays, Layout
+from tailsight.collector.store.codec import IntervalArrays, Layout
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import HistDocument, LabelKey
+from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
 from tailsight.probes.outliers import OUTLIER_EVENTS_SUFFIX
 from tailsight.probes.runqueue import DISPLACED_SWITCHES
 
@@ -209,7 +210,7 @@ class RangeStats:
                 labels = dict(key)
                 if matches(labels, selector):
                     leaf[k] = leaf_ids.setdefault(key, len(leaf_ids))
-                if labels.get("probe") == "netsyscall":
+                if labels.get("probe") == NETSYSCALL:
                     calls.append((k, row_ids.setdefault((CALLS, key), len(row_ids))))
             counters = [
                 (j, row_ids.setdefault((name, key), len(row_ids)))

@@ -23,6 +23,7 @@ from tailsight.hist import NUM_BUCKETS
 from tailsight.intervals import CounterPairs, HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.runqueue import DISPLACED_WAIT
+from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
@@ -30,6 +31,12 @@ DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid",
 MIN_THROTTLED_SHARE: Final = 0.01
 """Share of the intervals after the change that the limit must have parked the victim (more
 than before) for the verdict to put the jump on the limit."""
+
+# The verdicts' families, as the dashboards and the demo read them.
+TAIL_JUMP: Final = "tailsight_tail_jump"
+TAIL_JUMP_P99_BEFORE: Final = "tailsight_tail_jump_p99_before_seconds"
+TAIL_JUMP_P99_AFTER: Final = "tailsight_tail_jump_p99_after_seconds"
+TAIL_JUMP_AGGRESSOR_SHARE: Final = "tailsight_tail_jump_aggressor_share"
 
 SeriesKey = tuple[tuple[str, str], ...]
 
@@ -93,7 +100,7 @@ class JumpVerdicts:
     config: JumpConfig = field(default_factory=JumpConfig)
     quantiles: tuple[float, ...] = (0.99,)
     hold_intervals: int = 30
-    probes: tuple[str, ...] = ("runqueue",)
+    probes: tuple[str, ...] = (RUNQUEUE,)
     keep: Callable[[str], bool] = lambda cgroup: True
     annotate: Callable[[Verdict], None] | None = None
     intervals: int = 0
@@ -232,20 +239,20 @@ class JumpVerdicts:
         serves them with its own families)."""
         names = sorted({k for v in self._active for k, _ in v.series} | {"cgroup", "probe"})
         active = Family(
-            "tailsight_tail_jump", "gauge", "1 while a confirmed tail jump of the series is active."
+            TAIL_JUMP, "gauge", "1 while a confirmed tail jump of the series is active."
         )
         before = Family(
-            "tailsight_tail_jump_p99_before_seconds",
+            TAIL_JUMP_P99_BEFORE,
             "gauge",
             "The jump's tail quantile before the change.",
         )
         after = Family(
-            "tailsight_tail_jump_p99_after_seconds",
+            TAIL_JUMP_P99_AFTER,
             "gauge",
             "The jump's tail quantile after the change.",
         )
         share = Family(
-            "tailsight_tail_jump_aggressor_share",
+            TAIL_JUMP_AGGRESSOR_SHARE,
             "gauge",
             "Share of the victim's extra displaced wait each aggressor caused, over the "
             "intervals no CPU limit parked it (the idle task is no aggressor).",

@@ -27,6 +27,7 @@ from tailsight.hist import (
     bucket_upper_bounds_ns,
 )
 from tailsight.intervals import Counter, CounterPairs, HistDocument, LabelKey, key_of, label_key
+from tailsight.probes import metricnames
 from tailsight.probes.base import HIST_ROW
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.loader import read_program_stats
@@ -82,7 +83,6 @@ GENERIC_HELP: Final = {
     "counter": "Probe counter since the collector started.",
 }
 """Help of a family no probe descriptor describes; a described one's help comes first."""
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 Labels = tuple[tuple[str, str], ...]  # as exposed, in the family's label order
 K = TypeVar("K")
@@ -93,7 +93,7 @@ def metric_base(probe: str, labels: Mapping[str, str]) -> str:
     """``tailsight_<probe>_<what>`` for a histogram series."""
     what = _what_label(labels)
     stem = labels[what] if what is not None else default_what(probe)
-    return _NAME_BAD.sub("_", f"tailsight_{probe}_{stem}")
+    return metricnames.histogram_base(probe, stem)
 
 
 def default_what(probe: str) -> str:
@@ -118,12 +118,7 @@ def described() -> dict[str, str]:
 
 def counter_metric(name: str, probe: str) -> tuple[str, float]:
     """Metric name (without ``_total``) and scale for a document counter; ``_ns`` become seconds."""
-    stem = name if name.startswith(f"{probe}_") or not probe else f"{probe}_{name}"
-    scale = 1.0
-    if stem.endswith("_ns"):
-        stem, scale = stem[: -len("_ns")] + "_seconds", 1e-9
-    stem = stem.removesuffix("_total")
-    return _NAME_BAD.sub("_", f"tailsight_{stem}"), scale
+    return metricnames.counter_family(name, probe)
 
 
 def window_label(seconds: float) -> str:
@@ -648,7 +643,7 @@ class PrometheusExporter:
             grouped.setdefault(base, []).append((self._with_pods(labels), slot))
         out: list[Family] = []
         for base, entries in grouped.items():
-            name = f"{base}_seconds"
+            name = metricnames.histogram_family(base)
             names = _label_names(labels for labels, _ in entries)
             about = described().get(base)
             help_text = GENERIC_HELP["histogram"]
@@ -698,7 +693,7 @@ class PrometheusExporter:
             names = _label_names(self._with_pods(key) for key, _ in entries)
             about = described().get(base)
             help_text = GENERIC_HELP["quantile"]
-            name = f"{base}_quantile_seconds"
+            name = metricnames.quantile_family(base)
             family = Family(
                 name,
                 "gauge",

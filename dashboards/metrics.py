@@ -1,6 +1,7 @@
-"""Every metric and label name the dashboards query, in one place: a rename in the exporter
-(``collector/exporter.py``) is a one-line change here, and the panel-query test against a real
-Prometheus fails until it is made. Latency titles and labels come from the probes' descriptors."""
+"""Every metric and label name the dashboards query, in one place. The probes' metrics are named
+by ``probes/metricnames.py`` from their descriptors, the rule the exporter names them by; titles
+and labels come from the descriptors too. The panel-query test against a real Prometheus checks
+every name here."""
 
 from __future__ import annotations
 
@@ -8,8 +9,21 @@ from dataclasses import dataclass
 from typing import Final
 
 from tailsight import stages
+from tailsight.analysis.verdicts import TAIL_JUMP as TAIL_JUMP  # re-exported (and below)
+from tailsight.analysis.verdicts import TAIL_JUMP_AGGRESSOR_SHARE as TAIL_JUMP_AGGRESSOR_SHARE
+from tailsight.analysis.verdicts import TAIL_JUMP_P99_AFTER as TAIL_JUMP_P99_AFTER
+from tailsight.analysis.verdicts import TAIL_JUMP_P99_BEFORE as TAIL_JUMP_P99_BEFORE
 from tailsight.collector.exporter import QUANTILE_LABEL as QUANTILE_LABEL  # re-exported
-from tailsight.probes.catalog import PROBES
+from tailsight.probes import (
+    metricnames,
+    migration,
+    netsyscall,
+    pressure,
+    runqueue,
+    tcpstate,
+    throttle,
+)
+from tailsight.probes.base import ProbeInfo
 
 # The exact-quantile gauges' window label ("60s"); QUANTILE_LABEL names their quantile ("0.99").
 WINDOW_LABEL: Final = "window"
@@ -31,56 +45,62 @@ class LatencyMetric:
 
     @property
     def base(self) -> str:
-        return f"tailsight_{self.probe}_{self.what}"
+        return metricnames.histogram_base(self.probe, self.what)
 
     @property
     def bucket(self) -> str:
-        return f"{self.base}_seconds_bucket"
+        return f"{metricnames.histogram_family(self.base)}_bucket"
 
     @property
     def count(self) -> str:
-        return f"{self.base}_seconds_count"
+        return f"{metricnames.histogram_family(self.base)}_count"
 
     @property
     def quantile(self) -> str:
-        return f"{self.base}_quantile_seconds"
+        return metricnames.quantile_family(self.base)
 
 
-def _latency(probe: str, what: str) -> LatencyMetric:
+def _latency(probe: ProbeInfo, what: str) -> LatencyMetric:
     """A probe's histogram family, titled and labelled as its descriptor says."""
-    series = PROBES[probe].series_info({"kind": what})
-    assert series is not None, (probe, what)
-    return LatencyMetric(probe, what, series.title[0].upper() + series.title[1:], series.by)
+    series = probe.series_info({"kind": what})
+    assert series is not None, (probe.name, what)
+    return LatencyMetric(probe.name, what, series.title[0].upper() + series.title[1:], series.by)
 
 
-RUNQUEUE_WAIT: Final = _latency("runqueue", "wait")
-SYSCALL: Final = _latency("netsyscall", "syscall")
-TCP_CONNECT: Final = _latency("tcpstate", "connect")
-TCP_LIFETIME: Final = _latency("tcpstate", "lifetime")
-TCP_TIME_IN_STATE: Final = _latency("tcpstate", "time_in_state")
+def _counter(probe: ProbeInfo, name: str) -> str:
+    """The sample of a counter the probe's descriptor describes (``..._total``)."""
+    assert probe.counter_info(name) is not None, (probe.name, name)
+    return metricnames.counter_sample(name, probe.name)
+
+
+RUNQUEUE_WAIT: Final = _latency(runqueue.INFO, "wait")
+SYSCALL: Final = _latency(netsyscall.INFO, "syscall")
+TCP_CONNECT: Final = _latency(tcpstate.INFO, "connect")
+TCP_LIFETIME: Final = _latency(tcpstate.INFO, "lifetime")
+TCP_TIME_IN_STATE: Final = _latency(tcpstate.INFO, "time_in_state")
 KERNEL_LATENCIES: Final = (RUNQUEUE_WAIT, SYSCALL, TCP_CONNECT, TCP_LIFETIME, TCP_TIME_IN_STATE)
 
 # Counters (Prometheus names, with _total).
-DISPLACED_WAIT: Final = "tailsight_runqueue_displaced_wait_seconds_total"
-DISPLACED_SWITCHES: Final = "tailsight_runqueue_displaced_switches_total"
-SYSCALL_ERRORS: Final = "tailsight_netsyscall_errors_total"  # + syscall, errno
-TCP_RETRANSMITS: Final = "tailsight_tcpstate_tcp_retransmits_total"
-TCP_RETRANSMIT_FAILURES: Final = "tailsight_tcpstate_tcp_retransmit_failures_total"
-MIGRATIONS: Final = "tailsight_migration_task_migrations_total"
-MIGRATIONS_CROSS_NODE: Final = "tailsight_migration_task_migrations_cross_node_total"
-NUMA_MOVES: Final = "tailsight_migration_numa_task_moves_total"
+DISPLACED_WAIT: Final = _counter(runqueue.INFO, runqueue.DISPLACED_WAIT)
+DISPLACED_SWITCHES: Final = _counter(runqueue.INFO, runqueue.DISPLACED_SWITCHES)
+SYSCALL_ERRORS: Final = _counter(netsyscall.INFO, netsyscall.ERRORS)  # + syscall, errno
+TCP_RETRANSMITS: Final = _counter(tcpstate.INFO, tcpstate.RETRANSMITS)
+TCP_RETRANSMIT_FAILURES: Final = _counter(tcpstate.INFO, tcpstate.RETRANSMIT_FAILURES)
+MIGRATIONS: Final = _counter(migration.INFO, migration.KINDS[0])
+MIGRATIONS_CROSS_NODE: Final = _counter(migration.INFO, migration.KINDS[1])
+NUMA_MOVES: Final = _counter(migration.INFO, migration.KINDS[2])
 # CFS bandwidth control per cgroup (probe throttle, from cpu.stat), labelled with the limit as
 # cgroup v2 writes it in cpu.max: "<quota_us> <period_us>" ("20000 100000": 20 ms per 100 ms).
-THROTTLE_PERIODS: Final = "tailsight_throttle_periods_total"
-THROTTLE_THROTTLED_PERIODS: Final = "tailsight_throttle_throttled_periods_total"
-THROTTLE_THROTTLED_TIME: Final = "tailsight_throttle_throttled_seconds_total"
-CPU_MAX: Final = "cpu_max"
+THROTTLE_PERIODS: Final = _counter(throttle.INFO, throttle.PERIODS)
+THROTTLE_THROTTLED_PERIODS: Final = _counter(throttle.INFO, throttle.THROTTLED_PERIODS)
+THROTTLE_THROTTLED_TIME: Final = _counter(throttle.INFO, throttle.THROTTLED)
+CPU_MAX: Final = throttle.LIMIT_LABEL
 # Pressure stall information (probe pressure): stall time per cgroup (<cgroup>/<resource>.pressure)
 # and host-wide (/proc/pressure/<resource>); some: at least one task stalled, full: all of them.
-PRESSURE_SOME: Final = "tailsight_pressure_some_seconds_total"
-PRESSURE_FULL: Final = "tailsight_pressure_full_seconds_total"
-PRESSURE_HOST_SOME: Final = "tailsight_pressure_host_some_seconds_total"
-PRESSURE_HOST_FULL: Final = "tailsight_pressure_host_full_seconds_total"
+PRESSURE_SOME: Final = _counter(pressure.INFO, pressure.SOME)
+PRESSURE_FULL: Final = _counter(pressure.INFO, pressure.FULL)
+PRESSURE_HOST_SOME: Final = _counter(pressure.INFO, pressure.HOST_SOME)
+PRESSURE_HOST_FULL: Final = _counter(pressure.INFO, pressure.HOST_FULL)
 RESOURCE: Final = "resource"  # cpu | memory | io
 # Drops of every probe: <probe>_dropped_events{reason} and <probe>_outlier_dropped{reason}.
 DROPPED_NAME_RE: Final = "tailsight_[a-z]+_(dropped_events|outlier_dropped)_total"
@@ -99,15 +119,13 @@ READ_ERRORS: Final = "tailsight_probe_read_errors_total"
 CGROUPS_FOLDED: Final = "tailsight_cgroups_folded"
 INTERVALS: Final = "tailsight_intervals_total"
 
-# Live jump verdicts: 1 while a jump of the series is active.
-TAIL_JUMP: Final = "tailsight_tail_jump"
-TAIL_JUMP_P99_BEFORE: Final = "tailsight_tail_jump_p99_before_seconds"
-TAIL_JUMP_P99_AFTER: Final = "tailsight_tail_jump_p99_after_seconds"
-TAIL_JUMP_AGGRESSOR_SHARE: Final = "tailsight_tail_jump_aggressor_share"
+# Live jump verdicts (TAIL_JUMP*: 1 while a jump of the series is active): imported above from
+# analysis/verdicts.py, which exports them.
 
 # Trading: a replay's tailsight.hist/1 document (trading_core/timing.py, probe="replay", one
 # series per ``stage``) as the exporter names it; the feed's counters become replay_<name>_total.
-STAGE_LATENCY: Final = LatencyMetric("replay", "latency", "Stage latency", ("stage",))
+REPLAY: Final = "replay"
+STAGE_LATENCY: Final = LatencyMetric(REPLAY, "latency", "Stage latency", ("stage",))
 STAGE: Final = "stage"
 # Stage names as the replay writes them (tailsight/stages.py; trading_core/timing.py says what
 # each one spans).
@@ -115,7 +133,7 @@ PIPELINE_STAGES: Final = (stages.WIRE, stages.QUEUE, *stages.STAGES[1:])
 IN_SYSTEM_STAGE: Final = stages.IN_SYSTEM
 IN_SYSTEM_WITH_QUEUE_STAGE: Final = stages.IN_SYSTEM_WITH_QUEUE
 TICK_TO_TRADE_STAGE: Final = stages.TICK_TO_TRADE
-FEED_GAPS: Final = "tailsight_replay_gaps_detected_total"
-FEED_RECOVERED: Final = "tailsight_replay_recovered_messages_total"
-FEED_REREQUESTS: Final = "tailsight_replay_rerequests_sent_total"
-FEED_DECODE_ERRORS: Final = "tailsight_replay_decode_errors_total"
+FEED_GAPS: Final = metricnames.counter_sample("gaps_detected", REPLAY)
+FEED_RECOVERED: Final = metricnames.counter_sample("recovered_messages", REPLAY)
+FEED_REREQUESTS: Final = metricnames.counter_sample("rerequests_sent", REPLAY)
+FEED_DECODE_ERRORS: Final = metricnames.counter_sample("decode_errors", REPLAY)

@@ -21,7 +21,9 @@ from tailsight.analysis.explain import (
 from tailsight.analysis.report_html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument
+from tailsight.probes.migration import KINDS as MIGRATION_KINDS
 from tailsight.probes.runqueue import DISPLACED_WAIT
+from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 
 WIDTH: Final = 720
 HEIGHT: Final = 200
@@ -29,7 +31,7 @@ LEFT: Final = 70
 BOTTOM: Final = 30
 TOP: Final = 24
 COLOURS: Final = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d")
-MIGRATION_COUNTERS: Final = ("task_migrations", "task_migrations_cross_node", "numa_task_moves")
+MIGRATION_COUNTERS: Final = MIGRATION_KINDS[:3]  # CPU moves, cross-node moves, NUMA moves
 
 
 def render_root_cause(
@@ -80,7 +82,7 @@ def render_root_cause(
 def _victim_jump(report: Report, victim: str) -> JumpExplanation | None:
     """The victim's run-queue jump if there is one, else its first jump of any probe."""
     mine = [j for j in report.jumps if j.labels.get("cgroup") == victim]
-    runqueue = [j for j in mine if j.labels.get("probe") == "runqueue"]
+    runqueue = [j for j in mine if j.labels.get("probe") == RUNQUEUE]
     chosen = runqueue or mine
     return chosen[0] if chosen else None
 
@@ -104,7 +106,7 @@ def other_p99s(documents: Sequence[HistDocument], victim: str) -> dict[str, list
         merged: dict[str, Histogram] = {}
         for series in document.series:
             labels = series.labels
-            if labels.get("cgroup") != victim or labels.get("probe") == "runqueue":
+            if labels.get("cgroup") != victim or labels.get("probe") == RUNQUEUE:
                 continue
             # As the Grafana panels: per syscall, per TCP measure (states merged).
             detail = labels.get("syscall") or labels.get("kind") or labels.get("what") or ""

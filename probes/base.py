@@ -86,7 +86,8 @@ class LabelMemo:
 
 @dataclass(frozen=True)
 class SeriesInfo:
-    """A latency histogram a probe records, exported as ``tailsight_<probe>_<what>_seconds``."""
+    """A latency histogram a probe records, exported as ``tailsight_<probe>_<what>_seconds``
+    (``metricnames.py`` names it)."""
 
     what: str
     """The metric's stem; where a probe records several, its series' ``kind`` label names it."""
@@ -99,7 +100,7 @@ class SeriesInfo:
 
 @dataclass(frozen=True)
 class CounterInfo:
-    """A counter a probe records (a ``_ns`` counter is exported in seconds)."""
+    """A counter a probe records (a ``_ns`` counter is exported in seconds; ``metricnames.py``)."""
 
     name: str
     help: str

@@ -33,6 +33,11 @@ import numpy as np
 from tailsight import dashboards
 from tailsight.analysis.explain import explain_documents
 from tailsight.analysis.report_html import render_html, write_report
+from tailsight.analysis.verdicts import (
+    TAIL_JUMP_AGGRESSOR_SHARE,
+    TAIL_JUMP_P99_AFTER,
+    TAIL_JUMP_P99_BEFORE,
+)
 from tailsight.cli.trace_view import (
     VIEW_WIDTH,
     HeatInterval,
@@ -43,6 +48,7 @@ from tailsight.cli.trace_view import (
 )
 from tailsight.collector.store.reader import Recording
 from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 from tailsight.testing.inject import Injection, score
 from tailsight.testing.workload import Workload, python_task, stop_process
 from tailsight.trading_core.market import END_OF_MARKET_HOURS_NS, START_OF_MARKET_HOURS_NS
@@ -195,7 +201,7 @@ def window_document(documents: Sequence[HistDocument], keep: Callable[[str], boo
     counters: dict[tuple[str, tuple[tuple[str, str], ...]], Counter] = {}
     for document in documents:
         for s in document.series:
-            if s.labels.get("probe") != "runqueue" or not keep(s.labels.get("cgroup", "")):
+            if s.labels.get("probe") != RUNQUEUE or not keep(s.labels.get("cgroup", "")):
                 continue
             key = tuple(sorted(s.labels.items()))
             held = series.get(key)
@@ -228,11 +234,11 @@ def live_verdicts(metrics_url: str, scene: Scene) -> list[str]:
             cgroup = sample.labels.get("cgroup", "")
             if not scene.ours(cgroup):
                 continue
-            if sample.name == "tailsight_tail_jump_p99_before_seconds":
+            if sample.name == TAIL_JUMP_P99_BEFORE:
                 before[cgroup] = sample.value
-            elif sample.name == "tailsight_tail_jump_p99_after_seconds":
+            elif sample.name == TAIL_JUMP_P99_AFTER:
                 after[cgroup] = sample.value
-            elif sample.name == "tailsight_tail_jump_aggressor_share":
+            elif sample.name == TAIL_JUMP_AGGRESSOR_SHARE:
                 shares.setdefault(cgroup, []).append((sample.value, sample.labels["aggressor"]))
     lines = []
     for cgroup in sorted(after):
@@ -256,9 +262,7 @@ class LiveView:
         self.record_dir = record_dir
         self.metrics_url = metrics_url
         self.scene = scene
-        self.victim = Selection(
-            "runqueue", series_key({"probe": "runqueue", "cgroup": scene.victim})
-        )
+        self.victim = Selection(RUNQUEUE, series_key({"probe": RUNQUEUE, "cgroup": scene.victim}))
         self.intervals: list[HistDocument] = []
         self.started_ns = time.time_ns()
         self._seen_end_ns = 0

@@ -23,13 +23,14 @@ from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_context
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.pods import PodDirectory, PodLabeler
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import Probe
 from tailsight.probes.catalog import PROBES
 from tailsight.probes.features import enable_bpf_stats
 from tailsight.probes.loader import require_bpf_privileges
+from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 
 Log = Callable[[str], None]
 
@@ -133,7 +134,7 @@ def live_verdicts(exporter: PrometheusExporter, log: Callable[[str], None]) -> J
             annotate = GrafanaAnnotator(url, token, log).post
         except ValueError as error:
             log(f"grafana annotations off: {error}")
-    kept = lambda cgroup: cgroup in exporter.kept_cgroups("runqueue")  # noqa: E731
+    kept = lambda cgroup: cgroup in exporter.kept_cgroups(RUNQUEUE)  # noqa: E731
     return JumpVerdicts(keep=kept, annotate=annotate)
 
 
