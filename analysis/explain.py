@@ -58,7 +58,8 @@ from tailsight.analysis.jumps import (
 from tailsight.analysis.quantiles import describe, quantile_name, series_arrays
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
 from tailsight.cgroups import is_within
-from tailsight.collector.store.reader import IntervalArrays, Recording
+from tailsight.collector.store.codec import IntervalArrays
+from tailsight.collector.store.reader import Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.base import IDLE_CGROUP_NAME

@@ -28,7 +28,7 @@ from tailsight.analysis.attribution import CounterRows
 from tailsight.analysis.causes import CALLS, wanted_counter
 from tailsight.analysis.jumps import TailThreshold
 from tailsight.analysis.quantiles import matches
-from tailsight.collector.store.reader import IntervalArrays, Layout
+from tailsight.collector.store.codec import IntervalArrays, Layout
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL

@@ -31,7 +31,7 @@ from tailsight.collector.agent import Agent
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import NUM_BUCKETS
 from tailsight.probes.base import HIST_ROW, HistogramRows, Snapshot, labels
 from tailsight.probes.catalog import BPF_PROBES, PROBES, create_probe

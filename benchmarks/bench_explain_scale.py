@@ -1,11 +1,11 @@
 """``tailsight explain`` at the size of a real incident: 1 h x 100 cgroups x 4 probes.
 
-Writes a synthetic recording with the real writer (collector/store.py): per cgroup a run-queue
-series, recvfrom and sendto socket syscall series, a TCP connect series and a migration delay
-series, one 1 s interval each, plus retransmit, migration and displaced-wait counters. At a known
-interval one cgroup's run-queue tail jumps (a new hog displaces it). Then runs the real CLI,
-``tailsight explain DIR --json``, in a subprocess, and prints its wall time and peak RSS (wait4),
-and checks that the jump is found at that interval in that cgroup.
+Writes a synthetic recording with the real writer (collector/store/writer.py): per cgroup a
+run-queue series, recvfrom and sendto socket syscall series, a TCP connect series and a
+migration delay series, one 1 s interval each, plus retransmit, migration and displaced-wait
+counters. At a known interval one cgroup's run-queue tail jumps (a new hog displaces it). Then
+runs the real CLI, ``tailsight explain DIR --json``, in a subprocess, and prints its wall time
+and peak RSS (wait4), and checks that the jump is found at that interval in that cgroup.
 
 Same-run baselines: one bare pass over the recording (decode every interval, keep nothing), and
 in ``--quick`` mode the dense explain, every series in memory (tests/analysis/dense_explain.py),
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 

@@ -24,14 +24,9 @@ from bench_collector import SyntheticProbe
 from tailsight.cgroups import CgroupResolver
 from tailsight.collector.agent import Agent
 from tailsight.collector.config import CollectorConfig
-from tailsight.collector.store.reader import (
-    SEGMENT_HEADER,
-    LabelTexts,
-    Recording,
-    RecordingWriter,
-    encode_record,
-    scan_segment,
-)
+from tailsight.collector.store.codec import SEGMENT_HEADER, LabelTexts, encode_record
+from tailsight.collector.store.reader import Recording, scan_segment
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.probes.catalog import BPF_PROBES
 
 

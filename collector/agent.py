@@ -31,7 +31,7 @@ FULL_COLLECTION_EVERY_INTERVALS: Final = 60
 if TYPE_CHECKING:
     from tailsight.cgroups import CgroupResolver
     from tailsight.collector.exporter import PrometheusExporter
-    from tailsight.collector.store.reader import RecordingWriter
+    from tailsight.collector.store.writer import RecordingWriter
     from tailsight.probes.base import Probe
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Final
 
 from tailsight.cgroups import normalize
-from tailsight.collector.store.reader import group_id
+from tailsight.collector.store.writer import group_id
 
 DEFAULT_ADDRESS: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 9435

@@ -23,7 +23,7 @@ from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer, read_hash_file, tls_context
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.collector.pods import PodDirectory, PodLabeler
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import Probe

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tailsight.analysis.explain import ExplainConfig, Report, explain_documents, explain_recording
-from tailsight.collector.store.reader import Recording, RecordingWriter
+from tailsight.collector.store.reader import Recording
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument, Series
 from tests.analysis.dense_explain import dense_explain

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tests.analysis.test_explain import INTERVAL_NS, START_NS, incident_documents
 
 

@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.cli.record import parse_time
-from tailsight.collector.store.reader import Recording, RecordingWriter, list_segments
+from tailsight.collector.store.reader import Recording, list_segments
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import BUCKET_WIDTH_NS, Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 

@@ -36,7 +36,8 @@ from tailsight.collector.agent import (
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.endpoint import MetricsServer
 from tailsight.collector.exporter import PrometheusExporter
-from tailsight.collector.store.reader import Recording, RecordingWriter
+from tailsight.collector.store.reader import Recording
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument
 from tailsight.probes.base import Snapshot, labels

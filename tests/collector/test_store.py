@@ -25,17 +25,10 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailsight.collector.store import reader as store
-from tailsight.collector.store.reader import (
-    RECORD_MAGIC,
-    SEGMENT_HEADER,
-    Recording,
-    RecordingBusyError,
-    RecordingWriter,
-    encode_record,
-    list_segments,
-    scan_segment,
-)
+from tailsight.collector.store import reader
+from tailsight.collector.store.codec import RECORD_MAGIC, SEGMENT_HEADER, encode_record
+from tailsight.collector.store.reader import ReadProblem, Recording, list_segments, scan_segment
+from tailsight.collector.store.writer import RecordingBusyError, RecordingWriter, segment_name
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot, labels
@@ -300,7 +293,7 @@ def test_stray_segment_files_are_skipped_and_reported(tmp_path: Path, stray: byt
     recording = Recording(tmp_path)
     assert texts(recording.documents()) == texts(docs)
     (problem,) = recording.problems
-    assert problem == store.ReadProblem(path, 0, "not a tailsight recording segment", len(stray))
+    assert problem == ReadProblem(path, 0, "not a tailsight recording segment", len(stray))
     assert recording.skipped_bytes == len(stray)
     scan = scan_segment(path)  # one segment alone: reported, not raised
     assert scan.documents == [] and scan.problems == [problem]
@@ -343,7 +336,7 @@ def test_resync_is_linear_in_the_segment_size(
         path = tmp_path / f"{size:020d}-0000.tsrec"
         path.write_bytes(crafted_heads(size, magic))
         counter = CrcCount()
-        monkeypatch.setattr(store, "zlib", counter)
+        monkeypatch.setattr(reader, "zlib", counter)
         scan = scan_segment(path)
         monkeypatch.undo()
         assert scan.documents == [] and scan.skipped_bytes == size - len(SEGMENT_HEADER)
@@ -396,7 +389,7 @@ def test_overlapping_intervals_are_kept_and_reported(tmp_path: Path) -> None:
 
 
 def segment_of(docs: list[HistDocument]) -> str:
-    return store.segment_name(docs[0].start_ns)
+    return segment_name(docs[0].start_ns)
 
 
 def test_a_second_writer_is_refused_until_the_first_is_gone(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from dashboard_incident import AGGRESSOR, CHANGE_AT, INTERVAL_NS, START_NS, VICT
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
-from tailsight.collector.store.reader import RecordingWriter
+from tailsight.collector.store.writer import RecordingWriter
 from tailsight.dashboards.rootcause_html import render_root_cause
 
 CHROMIUM_FLAGS = (
