@@ -26,7 +26,8 @@ test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks
 	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
 
 bench: setup  ## benchmarks (figures with same-run baselines)
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(BENCH_ARGS) || exit 1; done
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; t=$$(date +%s); \
+		$(PY) $$b $(BENCH_ARGS) || exit 1; echo "== $$b: $$(( $$(date +%s) - t )) s"; done
 
 # Latency gate of two revisions (docs/ci-gate.md): RUNS per side, DURATION s per run; optional
 # overrides of scripts/gate_revs.py's defaults, the same for both sides: PLACEMENT (replay

@@ -8,7 +8,7 @@ round trip P50. Ratios are to transformers in the same run; the faster runtime i
 (``runtime.default_runtime``), and the run fails if the measured winner is not.
 
 Usage: bench_inference.py [--quick] [--threads N] [--runtime NAME ...]
-  --quick: 5 prefills per length, 16 decoded tokens (CI); default: 20 and 64.
+  --quick: 2 prefills per length, 8 decoded tokens (CI); default: 20 and 64.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> int:
     parser.add_argument("--runtime", action="append", choices=("llama.cpp", "transformers"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    repeats, decode_tokens = (5, 16) if args.quick else (20, 64)
+    repeats, decode_tokens = (2, 8) if args.quick else (20, 64)
     if args.child:
         print(json.dumps(_measure(args.child, args.threads, repeats, decode_tokens)))
         return 0

@@ -127,7 +127,7 @@ def main() -> None:
         print("bench_replay_gate: needs root (namespaces, XDP, AF_XDP); skipped")
         return
     if args.quick:  # one invocation per set: the smoke test pays the set-up 3x, not 15x
-        args.trials, args.runs, args.duration, args.block = 3, 5, 1.0, 5
+        args.trials, args.runs, args.duration, args.block = 1, 5, 1.0, 5
     config = GateConfig()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-replay-gate-") as tmp:

@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run for CI")
     parser.add_argument("--seconds", type=float, help="seconds of the idle phase (default 5)")
     parser.add_argument(
-        "--samples", type=int, help="busy intervals = samples per series (default 120; quick 30)"
+        "--samples", type=int, help="busy intervals = samples per series (default 120; quick 12)"
     )
     args = parser.parse_args(argv)
     seconds = args.seconds or 5.0
-    samples = args.samples or (30 if args.quick else 120)  # 120: one full TSDB chunk
+    samples = args.samples or (12 if args.quick else 120)  # 120: one full TSDB chunk
     if os.geteuid() != 0:
         print("bench_series_budget: skipped (needs root for BPF)")
         return 0

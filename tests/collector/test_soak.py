@@ -1,4 +1,4 @@
-"""Soak: `tailsight serve` with every probe for TAILSIGHT_SOAK_S seconds (default 180; a
+"""Soak: `tailsight serve` with every probe for TAILSIGHT_SOAK_S seconds (default 120; a
 full run is 600) under cgroup churn (a cgroup with a process that spins, sends UDP and
 connects, created every second and removed three seconds later) and eight threads scraping /metrics
 every second: the agent stays
@@ -29,7 +29,7 @@ from tailsight.testing.workload import Workload, private_base, python_task
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
-SOAK_S = float(os.environ.get("TAILSIGHT_SOAK_S", "180"))
+SOAK_S = float(os.environ.get("TAILSIGHT_SOAK_S", "120"))
 INTERVAL_S = 1.0
 CHURN_CODE = """
 import socket, time
