@@ -25,6 +25,9 @@ from tailsight.cli.promread import (
     read_prometheus,
 )
 from tailsight.cli.shared import (
+    ProbeOption,
+    RetentionAgeOption,
+    RetentionBytesOption,
     cannot_read,
     check_probes_or_exit,
     disk_full,
@@ -49,19 +52,12 @@ def record(
             "--duration", min=0.0, help="Seconds to record (default: until SIGTERM / Ctrl-C)."
         ),
     ] = None,
-    probe: Annotated[
-        list[str] | None,
-        typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
-    ] = None,
+    probe: ProbeOption = None,
     interval: Annotated[
         float, typer.Option("--interval", min=0.05, help="Seconds per recorded interval.")
     ] = 1.0,
-    retention_age: Annotated[
-        float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")
-    ] = None,
-    retention_bytes: Annotated[
-        int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
-    ] = None,
+    retention_age: RetentionAgeOption = None,
+    retention_bytes: RetentionBytesOption = None,
     group: Annotated[
         str | None,
         typer.Option(

@@ -10,7 +10,13 @@ from typing import Annotated
 
 import typer
 
-from tailsight.cli.shared import check_probes_or_exit, log_to_stderr
+from tailsight.cli.shared import (
+    ProbeOption,
+    RetentionAgeOption,
+    RetentionBytesOption,
+    check_probes_or_exit,
+    log_to_stderr,
+)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -23,10 +29,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def serve(
-    probe: Annotated[
-        list[str] | None,
-        typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
-    ] = None,
+    probe: ProbeOption = None,
     interval: Annotated[
         float, typer.Option("--interval", min=0.05, help="Seconds between probe reads.")
     ] = 1.0,
@@ -86,12 +89,8 @@ def serve(
     record: Annotated[
         Path | None, typer.Option("--record", help="Also record every interval in DIR.")
     ] = None,
-    retention_age: Annotated[
-        float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")
-    ] = None,
-    retention_bytes: Annotated[
-        int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
-    ] = None,
+    retention_age: RetentionAgeOption = None,
+    retention_bytes: RetentionBytesOption = None,
     record_group: Annotated[
         str | None,
         typer.Option(

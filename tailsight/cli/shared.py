@@ -1,5 +1,6 @@
-"""What more than one command does: one-line reports on stderr, and the exit status and message
-for a recording that cannot be read or written, or probes that cannot be loaded."""
+"""What more than one command does: the options they share, one-line reports on stderr, and the
+exit status and message for a recording that cannot be read or written, or probes that cannot be
+loaded."""
 
 from __future__ import annotations
 
@@ -7,12 +8,23 @@ import errno
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
     from tailsight.collector.store.reader import Recording
+
+ProbeOption = Annotated[
+    list[str] | None,
+    typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
+]
+RetentionAgeOption = Annotated[
+    float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")
+]
+RetentionBytesOption = Annotated[
+    int | None, typer.Option("--retention-bytes", min=4096, help="Cap on recording bytes.")
+]
 
 
 def log_to_stderr(message: str) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tailsight.cli.shared import ProbeOption
 from tailsight.cli.trace_view import (
     HISTORY_INTERVALS,
     KEY_QUIT,
@@ -123,10 +124,7 @@ def run_live(
 
 
 def trace(
-    probe: Annotated[
-        list[str] | None,
-        typer.Option("--probe", help="Probe to attach (repeatable; default: every probe)."),
-    ] = None,
+    probe: ProbeOption = None,
     duration: Annotated[
         float | None, typer.Option("--duration", min=0.0, help="Seconds to run (default: Ctrl-C).")
     ] = None,
