@@ -55,7 +55,7 @@ from tailsight.analysis.jumps import (
     locate_change,
     no_change,
 )
-from tailsight.analysis.quantiles import describe, quantile_name, series_arrays
+from tailsight.analysis.quantiles import dense_counts_by_series, describe, quantile_name
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
 from tailsight.cgroups import is_within
 from tailsight.collector.store.codec import IntervalArrays
@@ -476,7 +476,7 @@ def view_counts(
     documents: Sequence[HistDocument], key: LabelKey, selector: Mapping[str, str] | None = None
 ) -> npt.NDArray[np.int64]:
     """Dense ``[intervals, NUM_BUCKETS + 1]`` counts of a series or an aggregate (labels >= key)."""
-    _, leaves = series_arrays(documents, {**dict(selector or {}), **dict(key)})
+    _, leaves = dense_counts_by_series(documents, {**dict(selector or {}), **dict(key)})
     if not leaves:
         return np.zeros((len(documents), NUM_BUCKETS + 1), dtype=np.int64)
     return _sum(leaves, list(leaves))

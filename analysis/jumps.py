@@ -49,7 +49,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from tailsight.analysis.quantiles import histogram_from_dense, quantile_name, series_arrays
+from tailsight.analysis.quantiles import dense_counts_by_series, histogram_from_dense, quantile_name
 from tailsight.hist import NUM_BUCKETS, bucket_upper_bounds_ns
 from tailsight.intervals import HistDocument, LabelKey
 
@@ -457,7 +457,7 @@ def monitor_documents(
 ) -> list[Jump]:
     """Online detection over a recording (one document per interval), every series and quantile."""
     base = config or JumpConfig()
-    starts, arrays = series_arrays(documents, selector)
+    starts, arrays = dense_counts_by_series(documents, selector)
     jumps: list[Jump] = []
     for key, counts in arrays.items():
         for q in quantiles:
@@ -626,7 +626,7 @@ def detect_documents(
     fdr: float = 0.05,
 ) -> list[OfflineResult]:
     """:func:`detect_many` over a recording (one document per interval)."""
-    _, arrays = series_arrays(documents, selector)
+    _, arrays = dense_counts_by_series(documents, selector)
     return detect_many(arrays, quantiles, config, fdr)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from tailsight.collector.store.reader import series_arrays
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import HistDocument, HistFormatError, LabelKey, label_key
 
@@ -155,22 +156,14 @@ def dense_counts(hist: Histogram) -> npt.NDArray[np.int64]:
     return np.concatenate([hist.counts, np.array([hist.overflow], dtype=np.int64)])
 
 
-def series_arrays(
+def dense_counts_by_series(
     documents: Sequence[HistDocument], selector: Mapping[str, str] | None = None
 ) -> tuple[npt.NDArray[np.int64], dict[LabelKey, npt.NDArray[np.int64]]]:
-    """Interval start times and, per series, counts shaped ``[intervals, NUM_BUCKETS + 1]``.
-
-    A series absent from an interval contributes a row of zeros (no events observed).
-    """
+    """Interval start times and, per matching label set, the counts of
+    :func:`~tailsight.collector.store.reader.series_arrays` (``[intervals, NUM_BUCKETS + 1]``,
+    zeros where the series is absent): what the jump detectors take."""
     starts = np.array([d.start_ns for d in documents], dtype=np.int64)
-    arrays: dict[LabelKey, npt.NDArray[np.int64]] = {}
-    for key, hists in select_series(documents, selector or {}).items():
-        rows = np.zeros((len(documents), NUM_BUCKETS + 1), dtype=np.int64)
-        for n, hist in enumerate(hists):
-            if hist is not None:
-                rows[n] = dense_counts(hist)
-        arrays[key] = rows
-    return starts, arrays
+    return starts, {label_key(s.labels): s.counts for s in series_arrays(documents, selector)}
 
 
 def histogram_from_dense(counts: npt.NDArray[np.int64]) -> Histogram:

@@ -1,5 +1,5 @@
 """What ``explain`` needs of a range of intervals, read in a few streaming passes of sparse
-interval arrays (:class:`tailsight.collector.store.IntervalArrays`), never as a dense
+interval arrays (:class:`tailsight.collector.store.codec.IntervalArrays`), never as a dense
 interval x series x bucket array (1 h x 400 series of those is 24 GB):
 
 1. per selected series (*leaf*): its counts pooled over the range and its events per interval;

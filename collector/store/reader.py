@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,7 +337,7 @@ class Recording:
 
 
 def series_arrays(
-    docs: list[HistDocument], labels: Mapping[str, str] | None = None
+    docs: Sequence[HistDocument], labels: Mapping[str, str] | None = None
 ) -> list[SeriesArrays]:
     """Series of ``docs`` whose labels include ``labels``, one row per document."""
     wanted = dict(labels or {})
@@ -362,7 +362,7 @@ def series_arrays(
 
 
 def counter_arrays(
-    docs: list[HistDocument], labels: Mapping[str, str] | None = None
+    docs: Sequence[HistDocument], labels: Mapping[str, str] | None = None
 ) -> list[CounterArrays]:
     """Counters of ``docs`` whose labels include ``labels``, one value per document."""
     wanted = dict(labels or {})

@@ -21,7 +21,7 @@ from tailsight.analysis.explain import (
     views,
 )
 from tailsight.analysis.jumps import OfflineResult, detect_many
-from tailsight.analysis.quantiles import series_arrays
+from tailsight.analysis.quantiles import dense_counts_by_series
 from tailsight.hist import bucket_index
 from tailsight.intervals import HistDocument, LabelKey
 
@@ -34,7 +34,7 @@ def dense_explain(
     """``explain_documents`` on dense arrays."""
     config = config or ExplainConfig()
     selector = dict(selector or {})
-    starts, leaves = series_arrays(documents, selector)
+    starts, leaves = dense_counts_by_series(documents, selector)
     tested = views(leaves, config.aggregates)
     arrays = {key: _sum(leaves, children) for key, children in tested.items()}
     results = detect_many(arrays, config.quantiles, config.jump, config.fdr)
