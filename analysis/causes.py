@@ -45,7 +45,8 @@ from tailsight.analysis.jumps import benjamini_hochberg
 from tailsight.cgroups import is_within
 from tailsight.intervals import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
-from tailsight.probes.migration import KINDS as MIGRATION_KINDS
+from tailsight.probes.migration import CROSS_NODE_MIGRATIONS
+from tailsight.probes.migration import TASK_MIGRATIONS as MIGRATIONS
 from tailsight.probes.netsyscall import ERRORS
 from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
 from tailsight.probes.pressure import SOME as PRESSURE_SOME
@@ -59,8 +60,6 @@ from tailsight.probes.throttle import (
     cpu_max_text,
 )
 
-MIGRATIONS: Final = MIGRATION_KINDS[0]
-CROSS_NODE_MIGRATIONS: Final = MIGRATION_KINDS[1]
 CALLS: Final = "netsyscall_calls"
 """Socket syscalls per (cgroup, syscall): the event count of the netsyscall histograms."""
 COUNTER_CAUSES: Final = {

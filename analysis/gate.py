@@ -61,11 +61,12 @@ from tailsight.analysis.quantiles import (
 )
 from tailsight.intervals import HistDocument, LabelKey, label_key
 from tailsight.stages import IN_SYSTEM
+from tailsight.stages import PROBE as STAGES_PROBE
 
 JSON_FORMAT: Final = "tailsight.gate/2"
 DEFAULT_STAGE: Final = IN_SYSTEM
 """The stage gated when no ``--series`` is given: the replay's in-system tick-to-trade."""
-DEFAULT_SERIES: Final = {"probe": "replay", "stage": DEFAULT_STAGE}
+DEFAULT_SERIES: Final = {"probe": STAGES_PROBE, "stage": DEFAULT_STAGE}
 STAGE_LABEL: Final = "stage"
 PASS_POWER: Final = 0.8
 """``runs_to_pass`` sizes the runs for an unchanged build to pass this often (8 in 10)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from tailsight.analysis.jumps import Jump, JumpConfig, OnlineJumpDetector
 from tailsight.cgroups import is_within
-from tailsight.collector.exporter import Family
+from tailsight.collector.exporter import QUANTILE_LABEL, UNEXPORTED_LABELS, Family
 from tailsight.hist import NUM_BUCKETS
 from tailsight.intervals import CounterPairs, HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
@@ -27,7 +27,6 @@ from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 from tailsight.probes.throttle import LIMIT_LABEL, THROTTLED, cpu_max_text
 
 # Labels that would make a verdict unbounded (stacks, tasks): series are keyed without them.
-DROPPED_LABELS: Final = frozenset({"kernel_stack", "user_stack", "stack", "pid", "tid", "comm"})
 MIN_THROTTLED_SHARE: Final = 0.01
 """Share of the intervals after the change that the limit must have parked the victim (more
 than before) for the verdict to put the jump on the limit."""
@@ -271,7 +270,10 @@ class JumpVerdicts:
         )
         for verdict in self._active:
             pairs = tuple((n, verdict.labels.get(n, "")) for n in names)
-            pairs += (("q", str(verdict.jump.quantile)), ("direction", verdict.jump.direction))
+            pairs += (
+                (QUANTILE_LABEL, str(verdict.jump.quantile)),
+                ("direction", verdict.jump.direction),
+            )
             active.add(pairs, 1.0)
             before.add(pairs, verdict.jump.before_ns / 1e9)
             after.add(pairs, verdict.jump.after_ns / 1e9)
@@ -286,7 +288,7 @@ class JumpVerdicts:
 
 
 def _key(labels: Mapping[str, str]) -> SeriesKey:
-    return tuple(sorted((k, v) for k, v in labels.items() if k not in DROPPED_LABELS))
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in UNEXPORTED_LABELS))
 
 
 def _mean(values: Iterable[float]) -> float:

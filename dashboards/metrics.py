@@ -86,9 +86,9 @@ DISPLACED_SWITCHES: Final = _counter(runqueue.INFO, runqueue.DISPLACED_SWITCHES)
 SYSCALL_ERRORS: Final = _counter(netsyscall.INFO, netsyscall.ERRORS)  # + syscall, errno
 TCP_RETRANSMITS: Final = _counter(tcpstate.INFO, tcpstate.RETRANSMITS)
 TCP_RETRANSMIT_FAILURES: Final = _counter(tcpstate.INFO, tcpstate.RETRANSMIT_FAILURES)
-MIGRATIONS: Final = _counter(migration.INFO, migration.KINDS[0])
-MIGRATIONS_CROSS_NODE: Final = _counter(migration.INFO, migration.KINDS[1])
-NUMA_MOVES: Final = _counter(migration.INFO, migration.KINDS[2])
+MIGRATIONS: Final = _counter(migration.INFO, migration.TASK_MIGRATIONS)
+MIGRATIONS_CROSS_NODE: Final = _counter(migration.INFO, migration.CROSS_NODE_MIGRATIONS)
+NUMA_MOVES: Final = _counter(migration.INFO, migration.NUMA_MOVES)
 # CFS bandwidth control per cgroup (probe throttle, from cpu.stat), labelled with the limit as
 # cgroup v2 writes it in cpu.max: "<quota_us> <period_us>" ("20000 100000": 20 ms per 100 ms).
 THROTTLE_PERIODS: Final = _counter(throttle.INFO, throttle.PERIODS)
@@ -124,7 +124,7 @@ INTERVALS: Final = "tailsight_intervals_total"
 
 # Trading: a replay's tailsight.hist/1 document (trading_core/timing.py, probe="replay", one
 # series per ``stage``) as the exporter names it; the feed's counters become replay_<name>_total.
-REPLAY: Final = "replay"
+REPLAY: Final = stages.PROBE
 STAGE_LATENCY: Final = LatencyMetric(REPLAY, "latency", "Stage latency", ("stage",))
 STAGE: Final = "stage"
 # Stage names as the replay writes them (tailsight/stages.py; trading_core/timing.py says what

@@ -21,7 +21,7 @@ from tailsight.analysis.explain import (
 from tailsight.analysis.report_html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument
-from tailsight.probes.migration import KINDS as MIGRATION_KINDS
+from tailsight.probes import migration
 from tailsight.probes.runqueue import DISPLACED_WAIT
 from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 
@@ -31,7 +31,11 @@ LEFT: Final = 70
 BOTTOM: Final = 30
 TOP: Final = 24
 COLOURS: Final = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d")
-MIGRATION_COUNTERS: Final = MIGRATION_KINDS[:3]  # CPU moves, cross-node moves, NUMA moves
+MIGRATION_COUNTERS: Final = (
+    migration.TASK_MIGRATIONS,
+    migration.CROSS_NODE_MIGRATIONS,
+    migration.NUMA_MOVES,
+)
 
 
 def render_root_cause(

@@ -36,10 +36,13 @@ from tailsight.probes.topology import DEFAULT_SYSFS_ROOT, CpuTopology, possible_
 
 PROBE_NAME: Final = "migration"
 # KIND_* in migration.bpf.c -> counter name.
+TASK_MIGRATIONS: Final = "task_migrations"
+CROSS_NODE_MIGRATIONS: Final = "task_migrations_cross_node"
+NUMA_MOVES: Final = "numa_task_moves"
 KINDS: Final = (
-    "task_migrations",
-    "task_migrations_cross_node",
-    "numa_task_moves",
+    TASK_MIGRATIONS,
+    CROSS_NODE_MIGRATIONS,
+    NUMA_MOVES,
     "numa_task_swaps",
     "numa_task_sticks",
 )

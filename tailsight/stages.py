@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
+PROBE: Final = "replay"
+"""The ``probe`` label of a run document."""
 STAGES: Final = ("kernel_rx", "receive", "decode", "book", "decision", "send", "ack")
 """Stamp columns in pipeline order: kernel receive, user space starts on the message, ITCH
 decoded, book applied, strategy (risk checks included) decided, just before the order's send(),

@@ -35,6 +35,7 @@ from tailsight.intervals import Counter, HistDocument, Series
 # The stage names (the document's vocabulary), re-exported for the pipeline's own modules.
 from tailsight.stages import IN_SYSTEM as IN_SYSTEM
 from tailsight.stages import IN_SYSTEM_WITH_QUEUE as IN_SYSTEM_WITH_QUEUE
+from tailsight.stages import PROBE as STAGES_PROBE
 from tailsight.stages import PUBLISH_LAG as PUBLISH_LAG
 from tailsight.stages import QUEUE as QUEUE
 from tailsight.stages import SERIES as SERIES
@@ -144,4 +145,4 @@ class StageTimer:
 
 def replay_labels(path: str, xdp_mode: str, placement: str = "unpinned") -> dict[str, str]:
     """The labels every replay series carries: receive path, how XDP delivered, CPU placement."""
-    return {"probe": "replay", "path": path, "xdp_mode": xdp_mode, "placement": placement}
+    return {"probe": STAGES_PROBE, "path": path, "xdp_mode": xdp_mode, "placement": placement}
