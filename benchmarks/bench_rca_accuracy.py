@@ -29,7 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
+from tailsight.analysis.explain.model import ExplainConfig, Report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import incident_sentences
 from tailsight.testing.eval import Rate
 from tailsight.testing.inject import (
     KINDS,
@@ -94,7 +96,9 @@ def one(kind: str, baseline_s: float, fault_s: float) -> Run:
         start = time.perf_counter()
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         explain_s = time.perf_counter() - start
-        headline = report.incidents[0].sentences()[0] if report.incidents else "(no incident)"
+        headline = (
+            incident_sentences(report.incidents[0])[0] if report.incidents else "(no incident)"
+        )
         # A quiet recording has no injection time to be near: any incident of the victim counts,
         # not only those within 3 s of its midpoint (as for injections).
         tolerance_s = math.inf if kind == QUIET else 3.0

@@ -1,7 +1,7 @@
 """The Grafana root-cause dashboard as one static, offline HTML page for a recording, for where no
 Grafana runs: the same rows (symptom with the jump marked, who displaced the victim, its syscall,
 TCP and migration series on the same time axis, the verdict), drawn with the ``explain`` report's
-own plots (``analysis/report_html.py``) plus two time-aligned line plots of the victim's series."""
+own plots (``analysis/explain/html.py``) plus two time-aligned line plots of the victim's series."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from tailsight.analysis.explain import (
-    ExplainConfig,
-    JumpExplanation,
-    Report,
-    explain_documents,
-    view_counts,
+from tailsight.analysis.explain.html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
+from tailsight.analysis.explain.model import ExplainConfig, JumpExplanation, Report
+from tailsight.analysis.explain.pipeline import explain_documents, view_counts
+from tailsight.analysis.explain.text import (
+    incident_sentences,
+    jump_sentences,
+    jump_title,
+    report_headline,
 )
-from tailsight.analysis.report_html import STYLE, SVG_NS, heatmap, quantile_plot, share_bars
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument
 from tailsight.probes import migration
@@ -45,11 +46,11 @@ def render_root_cause(
     report = explain_documents(documents, {"cgroup": victim}, config)
     jump = _victim_jump(report, victim)
     starts = [d.start_ns for d in documents]
-    body = [f"<h1>Root cause: {_e(victim)}</h1>", f"<p>{_e(report.headline())}</p>"]
+    body = [f"<h1>Root cause: {_e(victim)}</h1>", f"<p>{_e(report_headline(report))}</p>"]
     if jump is None:
         body.append("<p>No tail jump of this cgroup in the range: nothing to explain.</p>")
     else:
-        body.append(f"<h2>Symptom: {_e(jump.title())}</h2>")
+        body.append(f"<h2>Symptom: {_e(jump_title(jump))}</h2>")
         body.append(quantile_plot(jump))
         body.append("<p>That series' histogram per interval (colour: log of the count).</p>")
         body.append(heatmap(view_counts(documents, jump.series, report.selector), jump))
@@ -69,7 +70,10 @@ def render_root_cause(
         body.append("<p>No jump.</p>")
     else:
         incident = next((i for i in report.incidents if jump in i.jumps), None)
-        lines = [*(incident.sentences() if incident else []), *jump.sentences(report.config.top)]
+        lines = [
+            *(incident_sentences(incident) if incident else []),
+            *jump_sentences(jump, report.config.top),
+        ]
         body.append("<ul>")
         body.extend(f"<li>{_e(line)}</li>" for line in dict.fromkeys(lines))
         body.append("</ul>")

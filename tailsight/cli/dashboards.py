@@ -105,7 +105,7 @@ def html_page(
 ) -> None:
     """The root-cause dashboard of a recording as one offline HTML page (no Grafana needed)."""
     # Loads numpy: kept out of `tailsight --help`.
-    from tailsight.analysis.report_html import write_report
+    from tailsight.analysis.explain.html import write_report
     from tailsight.collector.store.reader import Recording
     from tailsight.dashboards.rootcause_html import render_root_cause
 

@@ -31,8 +31,9 @@ from typing import Any, Final
 import numpy as np
 
 from tailsight import dashboards
-from tailsight.analysis.explain import explain_documents
-from tailsight.analysis.report_html import render_html, write_report
+from tailsight.analysis.explain.html import render_html, write_report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report
 from tailsight.analysis.verdicts import (
     TAIL_JUMP_AGGRESSOR_SHARE,
     TAIL_JUMP_P99_AFTER,
@@ -500,7 +501,7 @@ def tell(
     documents = Recording(kept).documents()
     say(f"tailsight explain: {len(documents)} intervals of {INTERVAL_S} s")
     report = explain_documents(documents)
-    console.print(report.render_text(), markup=False, end="")
+    console.print(describe_report(report), markup=False, end="")
     html = out / "report.html"
     write_report(html, render_html(report, documents, title="tailsight demo: explain"))
     truth = Injection(

@@ -63,7 +63,9 @@ def explain(
     """Find tail rises, group them into incidents and explain each: when, what rose, by how much,
     the most likely cause across probes, then the per-series detail."""
     # Loads numpy: kept out of `tailsight --help`.
-    from tailsight.analysis.explain import ExplainConfig, explain_documents, explain_recording
+    from tailsight.analysis.explain.model import ExplainConfig
+    from tailsight.analysis.explain.pipeline import explain_documents, explain_recording
+    from tailsight.analysis.explain.text import describe_report, report_json
     from tailsight.analysis.quantiles import parse_quantiles, parse_selector
     from tailsight.collector.store.reader import Recording
 
@@ -108,15 +110,15 @@ def explain(
         report = explain_documents(documents, selector, config)
     # The report goes out first: a bad --html path must not cost the reader the analysis.
     if json_output:
-        sys.stdout.write(json.dumps(report.to_json(), indent=1, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(report_json(report), indent=1, allow_nan=False) + "\n")
     else:
-        sys.stdout.write(report.render_text())
+        sys.stdout.write(describe_report(report))
     sys.stdout.flush()
     if store is not None:
         report_problems(store)
     if html is not None:
         # Loads numpy: kept out of `tailsight --help`.
-        from tailsight.analysis.report_html import render_html, write_report
+        from tailsight.analysis.explain.html import render_html, write_report
 
         if store is not None:  # the heatmaps need the histograms: only this reads them all
             documents = store.documents(since_ns, until_ns)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from tailsight.analysis.causes import Cause
-from tailsight.analysis.explain import Report
+from tailsight.analysis.explain.model import Report
 from tailsight.cgroups import DEFAULT_MOUNTS_PATH, find_cgroup2_mount, is_within
 from tailsight.collector.store.reader import Recording
 from tailsight.intervals import HistDocument

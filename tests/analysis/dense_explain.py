@@ -11,15 +11,8 @@ import numpy.typing as npt
 
 from tailsight.analysis.attribution import Windows, decompose_tail, displaced_by, stack_shifts
 from tailsight.analysis.causes import CounterTable
-from tailsight.analysis.explain import (
-    ExplainConfig,
-    JumpExplanation,
-    Report,
-    _sum,
-    find_incidents,
-    interval_quantiles,
-    views,
-)
+from tailsight.analysis.explain.model import ExplainConfig, JumpExplanation, Report
+from tailsight.analysis.explain.pipeline import _sum, find_incidents, interval_quantiles, views
 from tailsight.analysis.jumps import OfflineResult, detect_many
 from tailsight.analysis.quantiles import dense_counts_by_series
 from tailsight.hist import bucket_index

@@ -8,8 +8,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
-from tailsight.analysis.report_html import render_html
+from tailsight.analysis.explain.html import render_html
+from tailsight.analysis.explain.model import ExplainConfig, Report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report, jump_title
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.testing.eval import LatencyModel
 from tests.analysis.test_explain import FAST, INTERVAL_NS, START_NS, _hist
@@ -69,23 +71,23 @@ def tcp_documents(
 
 def test_tcp_loss_is_one_incident_caused_by_retransmits() -> None:
     report = explain_documents(tcp_documents(), config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     head = incident.headline
     assert head.labels["syscall"] == "recvfrom" and not head.aggregate
     assert abs(head.change_index - 30) <= 1
     # Both ends' recvfrom are in it; aggregates that one cgroup explains are folded, not shown.
     shown = {(j.labels.get("cgroup"), j.labels.get("syscall")) for j in incident.jumps}
-    assert shown == {("/client", "recvfrom"), ("/server", "recvfrom")}, report.render_text()
+    assert shown == {("/client", "recvfrom"), ("/server", "recvfrom")}, describe_report(report)
     assert all(j.aggregate for j in incident.folded)
     cause = incident.causes[0]
     assert (cause.kind, cause.cgroup) == ("retransmits", "/server")
     # The decoys did not change: not discovered.
     assert not [c for c in incident.causes if c.cgroup == "/" or c.kind == "migrations"]
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "Likely cause: recvfrom waited on TCP retransmissions" in words
     assert "retransmission timeout" in words
-    assert all(len(line) <= 80 for line in report.render_text().splitlines())
+    assert all(len(line) <= 80 for line in describe_report(report).splitlines())
 
 
 def test_retransmits_of_an_unrecorded_peer_are_named_as_the_peer() -> None:
@@ -96,7 +98,7 @@ def test_retransmits_of_an_unrecorded_peer_are_named_as_the_peer() -> None:
     assert len(report.incidents) == 1
     cause = report.incidents[0].causes[0]
     assert (cause.kind, cause.cgroup, cause.peer) == ("retransmits", "/server", True)
-    assert "probably the other end" in " ".join(report.render_text().split())
+    assert "probably the other end" in " ".join(describe_report(report).split())
 
 
 def migration_documents(
@@ -154,7 +156,7 @@ def test_migrations_are_the_cause_when_nobody_displaces_more() -> None:
     kinds = [(c.kind, c.cgroup) for c in incident.causes]
     assert kinds[0] == ("migrations", "/victim"), kinds
     assert ("displacement", "/victim") not in kinds and ("syscall_errors", "/victim") not in kinds
-    assert "moved between CPUs" in " ".join(report.render_text().split())
+    assert "moved between CPUs" in " ".join(describe_report(report).split())
 
 
 def test_syscall_errors_by_errno() -> None:
@@ -194,7 +196,7 @@ def test_syscall_errors_by_errno() -> None:
     assert [(c.kind, c.labels) for c in causes] == [
         ("syscall_errors", {"syscall": "connect", "errno": "ECONNREFUSED"})
     ]
-    assert "connect in /app failed with ECONNREFUSED" in " ".join(report.render_text().split())
+    assert "connect in /app failed with ECONNREFUSED" in " ".join(describe_report(report).split())
 
 
 def _two_incidents(second_at: int = 55) -> Report:
@@ -222,7 +224,7 @@ def test_unrelated_jumps_are_separate_incidents() -> None:
     heads = [(i.headline.labels["cgroup"], i.headline.change_index) for i in report.incidents]
     assert [h[0] for h in heads] == ["/a", "/b"], heads
     assert abs(heads[0][1] - 20) <= 1 and abs(heads[1][1] - 55) <= 1
-    assert "No cause found" in report.render_text()
+    assert "No cause found" in describe_report(report)
 
 
 def test_simultaneous_jumps_of_unrelated_cgroups_stay_apart() -> None:
@@ -230,7 +232,7 @@ def test_simultaneous_jumps_of_unrelated_cgroups_stay_apart() -> None:
     report = _two_incidents(second_at=20)
     assert sorted(i.headline.labels["cgroup"] for i in report.incidents) == ["/a", "/b"]
     folded = [j for i in report.incidents for j in i.folded]
-    assert [j.title() for j in folded] == ["run-queue wait of all cgroups"]
+    assert [jump_title(j) for j in folded] == ["run-queue wait of all cgroups"]
 
 
 def test_html_has_one_section_per_incident_with_the_cause_beside_the_symptom() -> None:
@@ -279,11 +281,11 @@ def test_aggregate_raised_by_a_new_aggressor_folds_into_the_victims_incident() -
         start = START_NS + t * INTERVAL_NS
         documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
     report = explain_documents(documents, config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     assert incident.headline.labels == {"probe": "runqueue", "cgroup": "/victim"}
     assert incident.causes[0].labels == {"aggressor": "/hogs"}
-    assert [j.title() for j in incident.folded] == ["run-queue wait of all cgroups"]
+    assert [jump_title(j) for j in incident.folded] == ["run-queue wait of all cgroups"]
 
 
 def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
@@ -314,7 +316,7 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
             ]
         )  # fmt: skip
     report = explain_documents(documents, config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     causes = report.incidents[0].causes
     first = causes[0]
     assert (first.kind, first.cgroup, first.labels, first.peer) == (
@@ -324,7 +326,7 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
     assert not [c for c in causes if c.cgroup == "/server" and "other_end" not in c.labels]
     assert not [c for c in causes if c.cgroup == "/decoy"]
     assert ("neighbour_calls", "/busy") in [(c.kind, c.cgroup) for c in causes]
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "by /server's sockets to /client (the other end of the connection)" in words
     assert "about one TCP retransmission timeout" in words
 
@@ -356,9 +358,9 @@ def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
         start = START_NS + t * INTERVAL_NS
         documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
     report = explain_documents(documents, config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
-    assert incident.headline.labels["probe"] == "netsyscall", report.render_text()
+    assert incident.headline.labels["probe"] == "netsyscall", describe_report(report)
     kinds = [(c.kind, c.labels.get("aggressor")) for c in incident.causes]
     assert kinds[0] == ("displacement", "/worker"), kinds
     assert ("syscall_errors", None) in kinds, kinds
@@ -390,9 +392,9 @@ def test_failing_calls_rank_after_what_starved_them_under_an_all_cgroups_headlin
         start = START_NS + t * INTERVAL_NS
         documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
     report = explain_documents(documents, config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
-    assert [j.title() for j in incident.jumps] == ["run-queue wait of all cgroups"]
+    assert [jump_title(j) for j in incident.jumps] == ["run-queue wait of all cgroups"]
     kinds = [(c.kind, c.cgroup, c.labels.get("aggressor")) for c in incident.causes]
     assert kinds[0] == ("displacement", "/victim", "/worker"), kinds
     assert ("syscall_errors", "/victim", None) in kinds, kinds
@@ -434,9 +436,9 @@ def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more
         documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
     report = explain_documents(documents, config=CONFIG)
     victims = [i for i in report.incidents if "/victim" in i.cgroups]
-    assert victims, report.render_text()
+    assert victims, describe_report(report)
     first = victims[0].causes[0]
-    assert (first.kind, first.cgroup) == ("neighbour_calls", "/neighbour"), report.render_text()
+    assert (first.kind, first.cgroup) == ("neighbour_calls", "/neighbour"), describe_report(report)
 
 
 def _run_queue_jump(
@@ -481,7 +483,7 @@ def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wa
     slow = LatencyModel().with_component(0.05, 6_000_000.0, 0.3)
     documents = _run_queue_jump("/trading", slow, rng, counters)
     report = explain_documents(documents, config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     causes = [(c.kind, c.cgroup, c.labels) for c in report.incidents[0].causes]
     assert causes[0] == ("displacement", "/trading", {"aggressor": "/noisy"}), causes
     assert ("neighbour_calls", "/exchange", {"syscall": "recvfrom"}) in causes, causes
@@ -515,17 +517,17 @@ def test_steal_time_explains_a_wait_displaced_by_idle() -> None:
     rises "displaced by idle". CPU 0's steal rising at the same time is the cause, named with
     its CPU and in words; CPU 1's steady steal is no candidate."""
     report = explain_documents(_steal_documents(hog=False, seed=17), config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     causes = report.incidents[0].causes
     assert (causes[0].kind, causes[0].labels) == ("steal", {"cpu": "0"}), causes
     assert not [c for c in causes if c.kind == "steal" and c.labels == {"cpu": "1"}]
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "Likely cause: the hypervisor ran something else on CPU 0 (steal time" in words
 
 
 def test_steal_time_ranks_after_a_hog_that_displaced_the_wait() -> None:
     """Steal that rises beside a real hog (CPU 1: 40 -> 80 ms per interval) is background."""
     report = explain_documents(_steal_documents(hog=True, seed=19), config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     causes = [(c.kind, c.labels) for c in report.incidents[0].causes]
     assert causes[0] == ("displacement", {"aggressor": "/hog"}), causes

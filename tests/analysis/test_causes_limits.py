@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailsight.analysis.explain import explain_documents
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report
 from tailsight.intervals import HistDocument, Series
 from tailsight.testing.eval import LatencyModel
 from tests.analysis.test_causes import CONFIG, _counter
@@ -60,13 +61,13 @@ def throttled_documents(
 
 def test_own_limit_comes_first_and_the_idle_cpu_is_no_aggressor() -> None:
     report = explain_documents(throttled_documents(), config=CONFIG)
-    assert len(report.incidents) == 1, report.render_text()
+    assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     first = incident.causes[0]
     assert (first.kind, first.cgroup, first.labels["cpu_max"]) == ("throttling", "/victim", QUOTA)
     # The wait on the idle CPU is the limit's: no cause of its own, no aggressor named "idle".
     assert [c.kind for c in incident.causes if c.cgroup == "/victim"] == ["throttling"]
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert (
         "Likely cause: /victim was throttled by its own CPU limit "
         "(cpu.max 20 ms per 100 ms at /victim): "
@@ -80,10 +81,10 @@ def test_a_parents_limit_is_named_as_such() -> None:
     )
     incident = report.incidents[0]
     first = incident.causes[0]
-    assert (first.kind, first.cgroup) == ("throttling", "/pod"), report.render_text()
+    assert (first.kind, first.cgroup) == ("throttling", "/pod"), describe_report(report)
     assert (
         "/pod/victim was throttled by an ancestor's CPU limit (cpu.max 20 ms per 100 ms at /pod)"
-        in " ".join(report.render_text().split())
+        in " ".join(describe_report(report).split())
     )
 
 
@@ -92,9 +93,9 @@ def test_a_neighbour_running_while_the_victim_is_throttled_is_not_blamed() -> No
     no candidate (every interval after the change was throttled)."""
     report = explain_documents(throttled_documents(neighbour=True), config=CONFIG)
     causes = report.incidents[0].causes
-    assert causes[0].kind == "throttling", report.render_text()
+    assert causes[0].kind == "throttling", describe_report(report)
     assert not [c for c in causes if c.labels.get("aggressor") == "/neighbour"]
-    assert "/neighbour" not in report.render_text()  # nor in the wait's split by aggressor
+    assert "/neighbour" not in describe_report(report)  # nor in the wait's split by aggressor
 
 
 def idle_documents(seed: int = 0, steal: bool = False) -> list[HistDocument]:
@@ -124,14 +125,14 @@ def test_a_wait_on_an_idle_cpu_without_limit_or_steal_reads_as_a_wake_up() -> No
     report = explain_documents(idle_documents(), config=CONFIG)
     first = report.incidents[0].causes[0]
     assert (first.kind, first.cgroup, first.labels) == ("idle_cpu", "/victim", {})
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "waited to run on CPUs that were idle" in words and "held by" not in words
 
 
 def test_a_wait_on_an_idle_cpu_with_steal_reads_as_steal() -> None:
     report = explain_documents(idle_documents(steal=True), config=CONFIG)
     kinds = [c.kind for c in report.incidents[0].causes]
-    assert kinds[:2] == ["steal", "idle_cpu"], report.render_text()
+    assert kinds[:2] == ["steal", "idle_cpu"], describe_report(report)
 
 
 def test_memory_pressure_is_a_candidate_with_its_own_words() -> None:
@@ -155,7 +156,7 @@ def test_memory_pressure_is_a_candidate_with_its_own_words() -> None:
     causes = report.incidents[0].causes
     assert [(c.kind, c.cgroup) for c in causes] == [("memory_pressure", "/feed")]
     assert "tasks of /feed stalled reclaiming or faulting in memory (PSI memory some)" in " ".join(
-        report.render_text().split()
+        describe_report(report).split()
     )
 
 
@@ -184,10 +185,10 @@ def late_documents(second_step: bool, seed: int = 0) -> list[HistDocument]:
 def test_a_cause_that_began_after_the_symptom_is_not_its_cause() -> None:
     report = explain_documents(late_documents(second_step=False), config=CONFIG)
     incident = report.incidents[0]
-    assert abs(incident.headline.change_index - 30) <= 1, report.render_text()
+    assert abs(incident.headline.change_index - 30) <= 1, describe_report(report)
     hog = next(c for c in incident.causes if c.labels.get("aggressor") == "/hog")
     assert 13 <= hog.late_s <= 17
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "No cause found that began with the rise" in words, words
     assert "a consequence, not its cause" in words
 
@@ -196,10 +197,10 @@ def test_a_symptom_that_rose_mostly_with_a_later_cause_is_dated_by_it() -> None:
     report = explain_documents(late_documents(second_step=True), config=CONFIG)
     incident = next(i for i in report.incidents if i.causes)
     first = incident.causes[0]
-    assert first.labels.get("aggressor") == "/hog" and not first.late_s, report.render_text()
+    assert first.labels.get("aggressor") == "/hog" and not first.late_s, describe_report(report)
     assert abs(incident.start_ns - (START_NS + 45 * INTERVAL_NS)) <= INTERVAL_NS
     assert "Likely cause: /trading waited for CPUs held by /hog" in " ".join(
-        report.render_text().split()
+        describe_report(report).split()
     )
 
 
@@ -225,7 +226,7 @@ def test_a_later_cause_beside_one_in_time_neither_redates_nor_leads() -> None:
     incident = next(i for i in report.incidents if i.causes)
     assert incident.dated_ns is None and abs(incident.headline.change_index - 30) <= 1
     by_aggressor = {c.labels.get("aggressor"): c for c in incident.causes}
-    assert incident.causes[0].labels == {"aggressor": "/hog"}, report.render_text()
+    assert incident.causes[0].labels == {"aggressor": "/hog"}, describe_report(report)
     assert 13 <= by_aggressor["/other"].late_s <= 17
 
 
@@ -252,7 +253,7 @@ def test_io_stalls_beside_memory_stalls_are_its_consequence() -> None:
         documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
     report = explain_documents(documents, config=CONFIG)
     kinds = [c.kind for c in report.incidents[0].causes]
-    assert kinds[0] == "memory_pressure", report.render_text()
+    assert kinds[0] == "memory_pressure", describe_report(report)
     assert sorted(kinds) == ["displacement", "io_pressure", "memory_pressure"]
 
 
@@ -281,4 +282,4 @@ def test_kernel_threads_running_while_a_cgroup_reclaims_are_the_stall_not_a_neig
     assert [(c.kind, c.cgroup) for c in causes] == [
         ("memory_pressure", "/victim"),
         ("displacement", "/victim"),
-    ], report.render_text()
+    ], describe_report(report)

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
-from tailsight.analysis.report_html import render_html
+from tailsight.analysis.explain.html import render_html
+from tailsight.analysis.explain.model import ExplainConfig, Report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report, jump_sentences, report_json
 from tailsight.hist import NUM_BUCKETS, Histogram
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.testing.eval import LatencyModel
@@ -124,7 +126,7 @@ def test_incident_names_victim_aggressor_and_stack() -> None:
     # Nothing changed in /batch or / : no jump reported there.
     assert not _find(report, probe="runqueue", cgroup="/batch")
     assert not _find(report, probe="runqueue", cgroup="/")
-    text = report.render_text()
+    text = describe_report(report)
     assert all(len(line) <= 80 for line in text.splitlines()), text
     words = " ".join(text.split())
     assert "run-queue wait of /trading rose" in words and "displaced by /batch" in words
@@ -144,7 +146,7 @@ def test_mix_shift_is_reported_as_volume_of_the_slow_source() -> None:
     assert math.isclose(sum(s.share.value for s in d.sources), 1.0)
     # Neither leaf moved, so neither is reported as a jump of its own.
     assert not [j for j in report.jumps if not j.aggregate]
-    assert "more traffic" in " ".join(report.render_text().split())
+    assert "more traffic" in " ".join(describe_report(report).split())
 
 
 def test_stationary_recording_has_no_jumps() -> None:
@@ -160,7 +162,7 @@ def test_stationary_recording_has_no_jumps() -> None:
     report = explain_documents(documents, config=ExplainConfig(n_boot=50))
     assert report.jumps == []
     assert report.tested == 5  # four cgroups and their {probe} aggregate
-    assert "0 jumps" in " ".join(report.render_text().split())
+    assert "0 jumps" in " ".join(describe_report(report).split())
 
 
 def test_selector_and_json_are_strict() -> None:
@@ -168,7 +170,7 @@ def test_selector_and_json_are_strict() -> None:
     report = explain_documents(documents, {"cgroup": "/batch"}, ExplainConfig(n_boot=50))
     assert report.jumps == []
     report = explain_documents(documents, config=ExplainConfig(n_boot=50))
-    text = json.dumps(report.to_json(), allow_nan=False)
+    text = json.dumps(report_json(report), allow_nan=False)
     back = json.loads(text)
     assert back["jumps"][0]["summary"][0].startswith("run-queue wait of /trading rose")
     shares = back["jumps"][0]["displacement"]["aggressors"]
@@ -177,7 +179,7 @@ def test_selector_and_json_are_strict() -> None:
 
 def test_empty_range() -> None:
     report = explain_documents([])
-    assert report.jumps == [] and "nothing to explain" in report.render_text()
+    assert report.jumps == [] and "nothing to explain" in describe_report(report)
 
 
 # -- HTML ----------------------------------------------------------------------------------------
@@ -259,15 +261,15 @@ def test_falls_are_not_jumps_by_default() -> None:
     assert [j.labels.get("cgroup") for j in report.jumps] == ["/victim"]
     assert all(j.direction == "up" for j in report.jumps)
     assert report.falls_hidden == 1
-    words = " ".join(report.render_text().split())
+    words = " ".join(describe_report(report).split())
     assert "/hog rose" not in words and "/hog fell" not in words
     assert "1 tail got faster (not shown; --falls)" in words
     # On request the fall is listed, alone and without causes.
     shown = explain_documents(documents, config=ExplainConfig(n_boot=200, falls=True))
     falls = [i for i in shown.incidents if i.headline.direction == "down"]
     assert [i.headline.labels["cgroup"] for i in falls] == ["/hog"]
-    assert falls[0].causes == [] and len(falls[0].headline.sentences()) == 1
-    assert "run-queue wait of /hog fell" in " ".join(shown.render_text().split())
+    assert falls[0].causes == [] and len(jump_sentences(falls[0].headline)) == 1
+    assert "run-queue wait of /hog fell" in " ".join(describe_report(shown).split())
 
 
 def test_shares_stay_in_range_and_falls_are_said_in_units() -> None:
@@ -284,7 +286,7 @@ def test_shares_stay_in_range_and_falls_are_said_in_units() -> None:
     assert math.isclose(sum(s.value for s in shares.values()), 1.0)
     # Ground truth: /hog went 0 -> 20 ms, / stayed at 1 ms, idle fell 4 -> 1 ms per interval.
     assert shares["/hog"].value > 0.9 and shares["idle"].value == 0.0
-    text = report.render_text()
+    text = describe_report(report)
     percents = [int(p) for p in PERCENT.findall(text)]
     assert percents and all(0 <= p <= 100 for p in percents), text
     words = " ".join(text.split())

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.analysis.explain import ExplainConfig, explain_documents
-from tailsight.analysis.report_html import render_html
+from tailsight.analysis.explain.html import render_html
+from tailsight.analysis.explain.model import ExplainConfig
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report
 from tailsight.collector.store.reader import Recording
 from tailsight.testing.workload import Workload, private_base, python_task
 
@@ -88,7 +90,7 @@ def test_explain_names_victim_cause_and_aggressor(kernel_ready: None, tmp_path: 
     documents = Recording(directory).documents()[1:]
     assert len(documents) >= (BASELINE_S + FAULT_S) / INTERVAL_S * 0.8
     report = explain_documents(documents, {"probe": "runqueue"}, ExplainConfig(n_boot=200))
-    text = report.render_text()
+    text = describe_report(report)
     mine = [j for j in report.jumps if j.labels == {"probe": "runqueue", "cgroup": victim}]
     assert mine, text
     jump = mine[0]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tailsight.analysis.causes import Cause
-from tailsight.analysis.explain import ExplainConfig, Incident, Report
+from tailsight.analysis.explain.model import ExplainConfig, Incident, Report
 from tailsight.testing.inject import Injection, ResourceLimit, score
 
 T0 = 1_000_000_000_000

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.analysis.explain import ExplainConfig, Report, explain_documents
-from tailsight.analysis.report_html import render_html
+from tailsight.analysis.explain.html import render_html
+from tailsight.analysis.explain.model import ExplainConfig, Report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report
 from tailsight.probes.cgroupfiles import find_v1_mount
 from tailsight.testing.inject import (
     INTERVAL_S,
@@ -93,7 +95,7 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection)
         dated = abs(result.time_error_s) <= 3 * INTERVAL_S + 0.5
-        assert result.found and dated and result.top1, f"{result}\n{report.render_text()}"
+        assert result.found and dated and result.top1, f"{result}\n{describe_report(report)}"
         passed.append((report, injection))
 
     run_tries(injection_try, INJECTION_PASS_RATE)
@@ -121,5 +123,5 @@ def quiet_try(directory: Path) -> None:
     result = score(report, injection, tolerance_s=float("inf"))
     disturbed = " (not quiet: put on steal)" if steal_disturbed(result, steal_share) else ""
     assert not result.found, (
-        f"steal {steal_share:.1%} of a CPU{disturbed}; {result}\n{report.render_text()}"
+        f"steal {steal_share:.1%} of a CPU{disturbed}; {result}\n{describe_report(report)}"
     )

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tailsight.analysis.explain import Report, explain_documents
+from tailsight.analysis.explain.model import Report
+from tailsight.analysis.explain.pipeline import explain_documents
+from tailsight.analysis.explain.text import describe_report
 from tailsight.cli.demo import fast_forward_off_hours
 from tailsight.collector.store.reader import Recording
 from tailsight.intervals import HistDocument
@@ -100,7 +102,7 @@ class _Outcome:
     def text(self) -> str:
         first_ns = self.documents[0].start_ns
         return (
-            f"{self.report.render_text()}\nworker started at "
+            f"{describe_report(self.report)}\nworker started at "
             f"{(self.worker_start_ns - first_ns) / 1e9:.1f} s, scoring from "
             f"{(self.scoring_start_ns - first_ns) / 1e9:.1f} s\n"
             f"{_run_queue_table(self.documents, first_ns)}"

@@ -1,4 +1,5 @@
-"""``tailsight explain``: find the tail jumps of a recording, say in plain words what caused them.
+"""``tailsight explain``: find the tail jumps of a recording and what caused them (worded by
+:mod:`tailsight.analysis.explain.text`, drawn by :mod:`tailsight.analysis.explain.html`).
 
 Jumps are found by the offline detector of :mod:`tailsight.analysis.jumps` over every recorded
 series *and* over aggregates (per probe and cgroup, summing the other labels, and per probe over
@@ -12,23 +13,15 @@ stacks that became more frequent.
 from __future__ import annotations
 
 import math
-import textwrap
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Final
+from dataclasses import replace
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from tailsight.analysis.attribution import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_LEVEL,
-    Displacement,
-    Estimate,
-    StackShift,
-    TailDecomposition,
     Windows,
     decompose_rows,
     displaced_by_rows,
@@ -46,6 +39,13 @@ from tailsight.analysis.causes import (
     find_causes,
     throttled_intervals,
 )
+from tailsight.analysis.explain.model import (
+    PLOT_QUANTILES,
+    ExplainConfig,
+    Incident,
+    JumpExplanation,
+    Report,
+)
 from tailsight.analysis.jumps import (
     JumpConfig,
     OfflineResult,
@@ -55,7 +55,7 @@ from tailsight.analysis.jumps import (
     locate_change,
     no_change,
 )
-from tailsight.analysis.quantiles import dense_counts_by_series, describe, quantile_name
+from tailsight.analysis.quantiles import dense_counts_by_series
 from tailsight.analysis.stream import CACHE_BYTES, RangeStats, Source, view_threshold
 from tailsight.cgroups import is_within
 from tailsight.collector.store.codec import IntervalArrays
@@ -63,14 +63,10 @@ from tailsight.collector.store.reader import Recording
 from tailsight.hist import NUM_BUCKETS, Histogram, bucket_index
 from tailsight.intervals import HistDocument, LabelKey
 from tailsight.probes.base import IDLE_CGROUP_NAME
-from tailsight.probes.catalog import series_title
 from tailsight.probes.netsyscall import ERRORS
 from tailsight.probes.netsyscall import PROBE_NAME as NETSYSCALL
-from tailsight.probes.outliers import short_stack
+from tailsight.probes.runqueue import PROBE_NAME as RUNQUEUE
 
-TEXT_WIDTH: Final = 80
-MIN_SPLIT_EVENTS: Final = 20
-"""Fewest tail events (both windows) on which a split of the rise is printed."""
 LINKED: Final = frozenset({"retransmits", "retransmit_failures", COUNTER_CAUSES[CALLS]})
 """Causes acting across cgroups (either end of a connection; a neighbour's calls on a shared
 socket path, never a cause of the neighbour's own symptoms): they concern every symptom of the
@@ -79,344 +75,6 @@ MAJORITY: Final = 0.5
 """An aggregate is explained by one cgroup that holds at least this share of its rise."""
 NEWCOMER_GROWTH: Final = 10.0
 """An aggressor displacing a victim this many times more than before arrived with the change."""
-PLOT_QUANTILES: Final = (0.5, 0.99, 0.999)
-
-
-@dataclass(frozen=True)
-class ExplainConfig:
-    """What to test and how to attribute (see the module docstring)."""
-
-    quantiles: tuple[float, ...] = (0.99,)
-    fdr: float = 0.05
-    window_intervals: int = 30
-    aggregates: bool = True
-    n_boot: int = DEFAULT_BOOTSTRAP
-    seed: int = 0
-    level: float = DEFAULT_LEVEL
-    top: int = 3
-    falls: bool = False
-    """Also report tails that got faster (without causes: a fall has no excess to attribute)."""
-    incident_window: int = 3
-    """Jumps whose changes lie at most this many intervals apart may form one incident."""
-    jump: JumpConfig = field(default_factory=JumpConfig)
-
-
-@dataclass(frozen=True)
-class JumpExplanation:
-    """One jump (when, which series, quantile before/after) and its ranked causes."""
-
-    series: LabelKey
-    aggregate: bool
-    quantile: float
-    direction: str
-    change_index: int
-    change_start_ns: int
-    before_ns: float
-    after_ns: float
-    p_value: float
-    threshold_ns: float
-    decomposition: TailDecomposition
-    displacement: Displacement | None
-    stacks: list[StackShift]
-    starts_ns: list[int]
-    interval_quantiles_ns: list[list[float]]
-    """Per interval, the :data:`PLOT_QUANTILES` of this series (nan where empty)."""
-
-    @property
-    def windows(self) -> Windows:
-        return self.decomposition.windows
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return dict(self.series)
-
-    def title(self) -> str:
-        """``run-queue wait of /trading`` (aggregates: ``... of all cgroups``)."""
-        labels = self.labels
-        what = series_title(labels)  # names the kind too
-        rest = [v for k, v in sorted(labels.items()) if k not in ("probe", "cgroup", "kind")]
-        whom = labels.get("cgroup", "all cgroups")
-        return f"{what} of {whom}" + (f" ({' '.join(rest)})" if rest else "")
-
-    def what(self) -> str:
-        """The symptom in a few words: ``recvfrom`` of a socket syscall series, else the title."""
-        return self.labels.get("syscall") or self.title()
-
-    def change_line(self) -> str:
-        """``run-queue wait of /a rose 40 µs -> 1.2 ms (P99, x30) at 12:00:15 (p=1e-9).``"""
-        name = quantile_name(self.quantile).upper()
-        verb = "rose" if self.direction == "up" else "fell"
-        ratio = _safe_ratio(self)
-        factor = f", x{ratio:,.0f}" if ratio >= 10 else f", x{ratio:.2f}" if ratio != 1 else ""
-        return (
-            f"{self.title()} {verb} {_duration(self.before_ns)} -> {_duration(self.after_ns)} "
-            f"({name}{factor}) at {_clock(self.change_start_ns)} (p={self.p_value:.1g})."
-        )
-
-    def sentences(self, top: int = 3) -> list[str]:
-        """The jump and its causes in plain words, most important first. Shares are of the gross
-        rise (parts that rose), in [0, 1], with the remainder named; parts that fell are given
-        in their own units; a split resting on too few events is not given at all."""
-        out = [self.change_line()]
-        if self.direction != "up":
-            return out  # a faster tail has no excess to attribute
-        d = self.decomposition
-        if d.excess > 0 and d.tail_events < MIN_SPLIT_EVENTS:
-            out.append(
-                f"Only {d.tail_events} events above {_duration(d.threshold_ns)} in the compared "
-                "windows: too few to split the rise by source or into traffic and slowness."
-            )
-        elif d.excess > 0:
-            volume = "more traffic" if d.volume_effect >= 0 else "less traffic"
-            rate = "sources getting slower" if d.rate_effect >= 0 else "sources getting faster"
-            out.append(
-                f"Events above {_duration(d.threshold_ns)}: {d.tail_before:.1f} -> "
-                f"{d.tail_after:.1f} per interval ({d.excess:+.1f}): {d.rate_effect:+.1f} from "
-                f"{rate}, {d.volume_effect:+.1f} from {volume}."
-            )
-            rising = [x for x in d.sources if x.effect > 0]
-            if len(d.sources) > 1 and rising:
-                parts: list[str] = []
-                shown = 0.0
-                for source in rising[:top]:
-                    if parts and not source.share.low > 0:
-                        break
-                    kind = "slower" if source.rate_effect >= source.volume_effect else "traffic"
-                    name = self._source_name(source.source)
-                    parts.append(f"{name} {_pct(source.share)} ({kind})")
-                    shown += source.share.value
-                rest = len(rising) - len(parts)
-                if rest and _percent(1.0 - shown) != "0%":
-                    parts.append(f"{rest} other{'s' * (rest != 1)} {_percent(1.0 - shown)}")
-                out.append("Share of the rise by source: " + "; ".join(parts) + ".")
-        shown_d = self.displacement
-        if shown_d is not None and shown_d.excess_ns > 0:
-            out.append(_displacement_line(shown_d, top))
-        discovered = [s for s in self.stacks if s.discovered and s.excess > 0][:top]
-        for rank, stack in enumerate(discovered):
-            times = stack.rate_after / stack.rate_before if stack.rate_before else math.inf
-            label = "Top stack" if rank == 0 else "Next stack"
-            factor = "new" if math.isinf(times) else f"x{times:.1f}"
-            out.append(
-                f"{label} ({factor}, {_pct(stack.share)} of extra outliers, "
-                f"p={stack.p_value:.1g}): kernel {short_stack(stack.kernel_stack)}"
-                f" | user {short_stack(stack.user_stack)}"
-            )
-        return out
-
-    def _source_name(self, source: LabelKey) -> str:
-        mine = dict(self.series)
-        parts = [v for k, v in source if k not in mine or mine[k] != v]
-        return " ".join(parts) or describe(source)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return {
-            "series": dict(self.series),
-            "aggregate": self.aggregate,
-            "quantile": self.quantile,
-            "name": quantile_name(self.quantile),
-            "direction": self.direction,
-            "change_index": self.change_index,
-            "change_start_ns": self.change_start_ns,
-            "before_ns": _finite(self.before_ns),
-            "after_ns": _finite(self.after_ns),
-            "p_value": self.p_value,
-            "threshold_ns": self.threshold_ns,
-            "decomposition": self.decomposition.to_json(),
-            "displacement": None if self.displacement is None else self.displacement.to_json(),
-            "stacks": [s.to_json() for s in self.stacks],
-            "summary": self.sentences(),
-        }
-
-
-@dataclass(frozen=True)
-class Incident:
-    """Jumps that started together in related cgroups: one headline, its causes, the detail."""
-
-    jumps: list[JumpExplanation]
-    """The series shown, headline first."""
-    folded: list[JumpExplanation]
-    """Aggregates that rose too but are explained by one cgroup of ``jumps`` (not shown)."""
-    causes: list[Cause]
-    """Discovered causes, most likely first."""
-    tested_causes: int
-    cgroups: list[str]
-    dated_ns: int | None = None
-    """Where the symptom rose mostly with its cause, later than its change point (a smaller,
-    earlier step): the incident is dated by the cause."""
-
-    @property
-    def headline(self) -> JumpExplanation:
-        return self.jumps[0]
-
-    @property
-    def start_ns(self) -> int:
-        if self.dated_ns is not None:
-            return self.dated_ns
-        return min(j.change_start_ns for j in self.jumps)
-
-    def sentences(self) -> list[str]:
-        """Headline, most likely cause, other candidates."""
-        head = self.headline
-        out = [head.change_line()]
-        if self.dated_ns is not None and self.causes:
-            out.append(
-                f"Most of the rise came at {_clock(self.dated_ns)}, when its cause began: the "
-                "incident is dated there (the change point before it was a smaller step)."
-            )
-        if head.direction != "up":
-            return out  # shown on request (--falls); a faster tail has nothing to attribute
-        d = head.decomposition
-        mix = [x for x in d.sources if x.volume_effect > 0 and x.volume_share.value >= MAJORITY]
-        if head.aggregate and mix:  # no cgroup got slower: one sends more (or is new)
-            source = mix[0]
-            name = head._source_name(source.source)
-            if source.volume_before == 0:
-                line = f"Likely cause: a new source, {name} ({source.volume_after:,.1f} events "
-                line += "per interval, none before)."
-            else:
-                line = (
-                    f"Likely cause: a traffic mix shift: more calls from {name} "
-                    f"({source.volume_before:,.1f} -> {source.volume_after:,.1f} per interval), "
-                    "which was as slow before."
-                )
-            out.append(line)
-            if self.causes:
-                out.append(
-                    "Also changed: " + "; ".join(c.sentence() for c in self.causes[:2]) + "."
-                )
-            return out
-        if self.causes:
-            first, *others = self.causes
-            also = "; ".join(c.timed_sentence() for c in others[:2])
-            if first.late_s:  # every signal that changed began after the rise
-                out.append(
-                    "No cause found that began with the rise; later: "
-                    + "; ".join(c.timed_sentence() for c in self.causes[:3])
-                    + "."
-                )
-                return out
-            out.append(f"Likely cause: {first.sentence(head.what(), head.after_ns)}.")
-            if others:
-                out.append(f"Also changed: {also}.")
-            return out
-        if self.tested_causes:
-            out.append(
-                f"No cause found: none of {self.tested_causes} candidate signals (retransmits, "
-                "migrations, syscall errors, run-queue displacement) of the cgroups involved "
-                "rose significantly at the same time."
-            )
-        else:
-            out.append(
-                "No cause found: no other signal of these cgroups rose (retransmits, migrations, "
-                "syscall errors and run-queue displacement need their probes)."
-            )
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return {
-            "start_ns": self.start_ns,
-            "headline": dict(self.headline.series),
-            "cgroups": self.cgroups,
-            "summary": self.sentences(),
-            "causes": [c.to_json() for c in self.causes],
-            "tested_causes": self.tested_causes,
-            "dated_ns": self.dated_ns,
-            "jumps": [dict(j.series) for j in self.jumps],
-            "folded": [dict(j.series) for j in self.folded],
-        }
-
-
-@dataclass(frozen=True)
-class Report:
-    """Everything ``tailsight explain`` says about one range of a recording."""
-
-    start_ns: int | None
-    end_ns: int | None
-    intervals: int
-    selector: Mapping[str, str]
-    tested: int
-    jumps: list[JumpExplanation]
-    config: ExplainConfig
-    incidents: list[Incident] = field(default_factory=list)
-    falls_hidden: int = 0
-    """Confirmed falls left out (``ExplainConfig.falls`` off)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-able dict (nan and inf -> None, so strict JSON parsers accept it)."""
-        cleaned: dict[str, Any] = _clean(
-            {
-                "start_ns": self.start_ns,
-                "end_ns": self.end_ns,
-                "intervals": self.intervals,
-                "selector": dict(self.selector),
-                "tested": self.tested,
-                "fdr": self.config.fdr,
-                "incidents": [i.to_json() for i in self.incidents],
-                "jumps": [j.to_json() for j in self.jumps],
-                "falls_hidden": self.falls_hidden,
-            }
-        )
-        return cleaned
-
-    def headline(self) -> str:
-        """One line: range, series tested, jumps found."""
-        if self.start_ns is None or self.end_ns is None:
-            return "empty recording range: nothing to explain"
-        start = datetime.fromtimestamp(self.start_ns / 1e9, UTC)
-        span_s = (self.end_ns - self.start_ns) / 1e9
-        found = len(self.jumps)
-        incidents = len(self.incidents)
-        line = (
-            f"{self.intervals} intervals, {span_s:,.1f} s from {start:%Y-%m-%d %H:%M:%S} UTC: "
-            f"{self.tested} tests, {incidents} incident{'s' * (incidents != 1)} "
-            f"({found} jump{'s' * (found != 1)}, FDR {self.config.fdr:.0%})."
-        )
-        if self.falls_hidden:
-            line += f" {self.falls_hidden} tail{'s' * (self.falls_hidden != 1)} got faster"
-            line += " (not shown; --falls)."
-        return line
-
-    def render_text(self, width: int = TEXT_WIDTH) -> str:
-        """The report for a terminal: every line at most ``width`` columns."""
-        lines = textwrap.wrap(self.headline(), width)
-
-        def add(sentence: str, lead: str, indent: str) -> None:
-            lines.extend(
-                textwrap.wrap(
-                    sentence,
-                    width,
-                    initial_indent=lead,
-                    subsequent_indent=indent,
-                    break_on_hyphens=False,
-                    break_long_words=True,
-                )
-            )
-
-        for n, incident in enumerate(self.incidents, 1):
-            lines.append("")
-            for k, sentence in enumerate(incident.sentences()):
-                add(sentence, f"{n}. " if k == 0 else "   ", "   ")
-            for m, jump in enumerate(incident.jumps):
-                said = jump.sentences(self.config.top)
-                if m == 0:  # its first line is the incident's headline
-                    for sentence in said[1:]:
-                        add(sentence, "   ", "   ")
-                    continue
-                lines.append("")
-                for k, sentence in enumerate(said):
-                    add(sentence, "   * " if k == 0 else "     ", "     ")
-            if incident.folded:
-                add(
-                    "Aggregates that rose with it (explained by the cgroups above): "
-                    + "; ".join(j.title() for j in incident.folded)
-                    + ".",
-                    "   ",
-                    "   ",
-                )
-        return "\n".join(lines) + "\n"
 
 
 # -- series views --------------------------------------------------------------------------------
@@ -724,7 +382,7 @@ def _incident(
         key=lambda j: (
             j.aggregate,
             not _displaced_by_newcomer(j),
-            -abs(math.log(_safe_ratio(j))),
+            -abs(math.log(j.ratio)),
             j.p_value,
             j.series,
         )
@@ -736,12 +394,12 @@ def _incident(
     # however new, whichever series heads the incident; they rank after the rest (a neighbour's
     # calls can still be the root cause).
     mine = jump_cgroups(shown[0])
-    waiting = shown[0].labels.get("probe") == "runqueue"
+    waiting = shown[0].labels.get("probe") == RUNQUEUE
     # An all-cgroups wait counts its largest source as starved: e.g. a victim whose own wait
     # had too few events before the change to be tested; its sends failing with EAGAIN would
     # otherwise rank before the displacement that starved it.
     starved = set().union(
-        set(), *(jump_cgroups(j) for j in chosen if j.labels.get("probe") == "runqueue")
+        set(), *(jump_cgroups(j) for j in chosen if j.labels.get("probe") == RUNQUEUE)
     )
     # Retransmits with a known other end: those towards the headline's cgroup (the data it
     # waits for) before those it sent itself (requests whose acknowledgement was lost with them).
@@ -929,7 +587,7 @@ def _explain_one(
     # parked it in most intervals after the change (the incident names the limit).
     parked = None if focus is None else throttled_intervals(stats.counters, [focus]).get(focus)
     if (
-        probe == "runqueue"
+        probe == RUNQUEUE
         and focus is not None
         and not (parked is not None and parked[windows.after].mean() > 0.5)
     ):
@@ -964,102 +622,3 @@ def _explain_one(
         starts_ns=[int(s) for s in stats.starts_ns],
         interval_quantiles_ns=plot,
     )
-
-
-# -- words ---------------------------------------------------------------------------------------
-
-
-def _duration(value_ns: float) -> str:
-    """``4.2 µs``, ``165 µs``, ``1.2 ms``, ``324 ms``, ``2.5 s``."""
-    if not math.isfinite(value_ns):
-        return "-"
-    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
-        if abs(value_ns) >= scale or unit == "µs":
-            value = value_ns / scale
-            return f"{value:,.0f} {unit}" if abs(value) >= 10 else f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def _displacement_line(shown: Displacement, top: int) -> str:
-    """Who added the victim's extra displaced wait: shares of the rise, the remainder, the falls."""
-    rising = [a for a in shown.aggressors if a.excess_ns > 0]
-    gross = sum(a.excess_ns for a in rising)
-    line = (
-        f"Run-queue wait of {shown.victim} displaced by other tasks: "
-        f"{_duration(shown.wait_before_ns)} -> {_duration(shown.wait_after_ns)} per interval; "
-        "of the rise,"
-    )
-    parts: list[str] = []
-    total = 0.0
-    for rank, a in enumerate(rising[:top]):
-        if rank and a.share.value < 0.05:
-            break
-        # The probe charges a wait to the task that ran just before the victim; under background
-        # load a brief third task often runs last, so the newcomer that caused the wait can rank
-        # second: say that it is new.
-        who = (
-            "passed with the CPU idle (the idle task is no aggressor: a CPU limit, steal or a "
-            "wake-up from idle)"
-            if a.aggressor == IDLE_CGROUP_NAME
-            else f"was displaced by {_aggressor(a.aggressor, shown.victim)}"
-        )
-        parts.append(
-            f"{_pct(a.share)} {who}"
-            f"{' (new)' if a.new else ''} ({_duration(a.wait_before_ns)} -> "
-            f"{_duration(a.wait_after_ns)})"
-        )
-        total += a.share.value
-    rest = len(rising) - len(parts)
-    if rest and _percent(1.0 - total) != "0%":
-        parts.append(f"{_percent(1.0 - total)} by {rest} other{'s' * (rest != 1)}")
-    line += " " + "; ".join(parts)
-    fell = [a for a in shown.aggressors if a.excess_ns < -0.05 * gross]
-    if fell:
-        line += "; less time went to " + ", ".join(
-            f"{_aggressor(a.aggressor, shown.victim)} ({_duration(a.excess_ns)})"
-            for a in fell[:top]
-        )
-    return line + "."
-
-
-def _pct(estimate: Estimate) -> str:
-    if math.isnan(estimate.value):
-        return "-"
-    if math.isnan(estimate.low):
-        return _percent(estimate.value)
-    return f"{_percent(estimate.value)} [{_percent(estimate.low)}, {_percent(estimate.high)}]"
-
-
-def _percent(value: float) -> str:
-    text = f"{value:.0%}"
-    return "0%" if text == "-0%" else text
-
-
-def _clock(time_ns: int) -> str:
-    return f"{datetime.fromtimestamp(time_ns / 1e9, UTC):%H:%M:%S}"
-
-
-def _aggressor(name: str, victim: str = "") -> str:
-    if name == IDLE_CGROUP_NAME:
-        return "an idle CPU (nobody)"
-    return f"{name} (its own cgroup)" if name == victim else name
-
-
-def _safe_ratio(jump: JumpExplanation) -> float:
-    if jump.before_ns > 0 and jump.after_ns > 0:
-        return jump.after_ns / jump.before_ns
-    return 1.0
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _finite(value: float) -> float | None:
-    return None if math.isnan(value) else value

@@ -21,7 +21,14 @@ import numpy.typing as npt
 
 from tailsight.analysis.attribution import Estimate
 from tailsight.analysis.causes import Cause
-from tailsight.analysis.explain import PLOT_QUANTILES, JumpExplanation, Report, view_counts
+from tailsight.analysis.explain.model import PLOT_QUANTILES, JumpExplanation, Report
+from tailsight.analysis.explain.pipeline import view_counts
+from tailsight.analysis.explain.text import (
+    incident_sentences,
+    jump_sentences,
+    jump_title,
+    report_headline,
+)
 from tailsight.analysis.quantiles import quantile_name
 from tailsight.hist import BUCKET_WIDTH_NS, LINEAR_BUCKETS
 from tailsight.intervals import HistDocument
@@ -50,16 +57,16 @@ def render_html(
     report: Report, documents: Sequence[HistDocument], title: str = "tailsight explain"
 ) -> str:
     """The whole page for ``report`` (``documents``: the range it was computed from)."""
-    body = [f"<h1>{_e(title)}</h1>", f"<p>{_e(report.headline())}</p>"]
+    body = [f"<h1>{_e(title)}</h1>", f"<p>{_e(report_headline(report))}</p>"]
     if report.selector:
         selected = ",".join(f"{k}={v}" for k, v in sorted(report.selector.items()))
         body.append(f"<p>Series filter: <code>{_e(selected)}</code></p>")
     level = f"{report.config.level:.0%}"
     for n, incident in enumerate(report.incidents, 1):
         head = incident.headline
-        body.append(f'<section data-role="incident"><h2>{n}. {_e(head.title())}</h2>')
+        body.append(f'<section data-role="incident"><h2>{n}. {_e(jump_title(head))}</h2>')
         body.append("<ul>")  # the headline and its cause first
-        body.extend(f"<li>{_e(line)}</li>" for line in incident.sentences())
+        body.extend(f"<li>{_e(line)}</li>" for line in incident_sentences(incident))
         body.append("</ul>")
         if incident.causes:
             cause = incident.causes[0]
@@ -69,9 +76,9 @@ def render_html(
             body.append(cause_plot(cause, head, PLOT_W // 2))
             body.append("</div>")
         for m, jump in enumerate(incident.jumps):
-            body.append(f"<h3>{n}{chr(ord('a') + m % 26)}. {_e(jump.title())}</h3>")
+            body.append(f"<h3>{n}{chr(ord('a') + m % 26)}. {_e(jump_title(jump))}</h3>")
             body.append("<ul>")
-            body.extend(f"<li>{_e(line)}</li>" for line in jump.sentences(report.config.top))
+            body.extend(f"<li>{_e(line)}</li>" for line in jump_sentences(jump, report.config.top))
             body.append("</ul>")
             body.append("<p>Quantiles per interval; shaded: the windows compared.</p>")
             body.append(quantile_plot(jump))
@@ -81,7 +88,7 @@ def render_html(
             body.append(f"<p>Shares of the rise (bars) with {level} bootstrap intervals.</p>")
             body.append(share_bars(jump))
         if incident.folded:
-            names = "; ".join(j.title() for j in incident.folded)
+            names = "; ".join(jump_title(j) for j in incident.folded)
             body.append(f"<p>Aggregates that rose with it (explained above): {_e(names)}.</p>")
         body.append("</section>")
     return (
