@@ -27,6 +27,7 @@
 KREAD_DEFINE(kread_u64, u64)
 KREAD_DEFINE(kread_u32, u32)
 KREAD_DEFINE(kread_u16, u16)
+KREAD_DEFINE(kread_u8, u8)
 
 /* A pointer argument as a number, to hash or compare.  On tp_btf it is a typed pointer, on which
  * the verifier allows no arithmetic: a store into a scratch slot of a map value (the caller's
