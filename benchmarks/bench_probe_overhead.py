@@ -1,9 +1,11 @@
 """Cost per event of each probe's programs against an empty program on the same tracepoint, in
 the same attach mode (tp_btf or raw_tp), attached at the same time: runqueue's sched_switch
 under a context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU),
-tcpstate's inet_sock_set_state (loopback connections) and migration's sched_migrate_task
-(affinity flips).  Figures come from the kernel's BPF run-time stats (run_time_ns / run_cnt of
-bpf_prog_info).  The run-queue probe has no sched_wakeup program: nothing else to measure.
+tcpstate's inet_sock_set_state (loopback connections), migration's sched_migrate_task
+(affinity flips) and drops' kfree_skb (UDP datagrams to a full receive buffer, each a drop
+charged to the receiving socket's cgroup).  Figures come from the kernel's BPF run-time stats
+(run_time_ns / run_cnt of bpf_prog_info).  The run-queue probe has no sched_wakeup program:
+nothing else to measure.
 
 The first program attached to a tracepoint costs more than the next one: two empty programs on
 one tracepoint, 77 vs 65 ns per sched_migrate_task and 66 vs 59 ns per inet_sock_set_state
@@ -11,7 +13,8 @@ one tracepoint, 77 vs 65 ns per sched_migrate_task and 66 vs 59 ns per inet_sock
 before the empty program and after it, and the ratio is that of the two programs' means over
 both orders; each order's ratio is printed too.
 
-Usage: bench_probe_overhead.py [--quick] [--seconds S]   (needs root; exits 0 with a note if not)
+Usage: bench_probe_overhead.py [--quick] [--seconds S] [--probe NAME]...   (needs root; exits 0
+with a note if not)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from tailsight.probes.drops import DropsProbe
 from tailsight.probes.features import enable_bpf_stats
 from tailsight.probes.loader import attach_raw_tracepoints, compile_source, read_program_stats
 from tailsight.probes.migration import MigrationProbe
@@ -101,6 +105,27 @@ def self_migrations(seconds: float) -> int:
             count += 1
     finally:
         os.sched_setaffinity(0, set(cpus))
+    return count
+
+
+def udp_rcvbuf_drops(seconds: float) -> int:
+    """Datagrams to a socket with the smallest receive buffer, never read: all but the first
+    few are dropped (SOCKET_RCVBUFF), in the sender's softirq."""
+    import socket
+
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender,
+    ):
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+        receiver.bind(("127.0.0.1", 0))
+        address = receiver.getsockname()
+        count = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for _ in range(100):
+                sender.sendto(b"x" * 256, address)
+            count += 100
     return count
 
 
@@ -207,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run for CI (~30 s)")
     parser.add_argument("--seconds", type=float, default=None, help="load duration")
+    parser.add_argument("--probe", action="append", help="only this probe (repeatable)")
     args = parser.parse_args(argv)
     seconds = args.seconds or (2.0 if args.quick else 10.0)
     if os.geteuid() != 0:
@@ -217,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         (RunQueueProbe, "sched_switch", pipe_ping_pong),
         (TcpStateProbe, "inet_sock_set_state", loopback_connections),
         (MigrationProbe, "sched_migrate_task", self_migrations),
+        (DropsProbe, "kfree_skb", udp_rcvbuf_drops),
     )
+    cases = tuple(case for case in cases if not args.probe or case[0].name in args.probe)
     with enable_bpf_stats() as mechanism:
         print(f"stats via {mechanism}; each load runs {seconds:.1f} s per attach order")
         for make, tracepoint, load in cases:

@@ -47,3 +47,8 @@ int on_sched_stick_numa(struct bpf_raw_tracepoint_args *ctx)
 {
     return 0;
 }
+
+int on_kfree_skb(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}

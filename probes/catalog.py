@@ -7,7 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from tailsight.probes import migration, netsyscall, pressure, runqueue, tcpstate, throttle
+from tailsight.probes import (
+    drops,
+    migration,
+    netsyscall,
+    pressure,
+    runqueue,
+    tcpstate,
+    throttle,
+)
 from tailsight.probes.base import Probe, ProbeInfo
 
 PROBES: Final[dict[str, ProbeInfo]] = {
@@ -17,6 +25,7 @@ PROBES: Final[dict[str, ProbeInfo]] = {
         netsyscall.INFO,
         tcpstate.INFO,
         migration.INFO,
+        drops.INFO,
         throttle.INFO,
         pressure.INFO,
     )
@@ -31,6 +40,7 @@ _CLASSES: Final[dict[str, type]] = {
     netsyscall.PROBE_NAME: netsyscall.NetSyscallProbe,
     tcpstate.PROBE_NAME: tcpstate.TcpStateProbe,
     migration.PROBE_NAME: migration.MigrationProbe,
+    drops.PROBE_NAME: drops.DropsProbe,
     throttle.PROBE_NAME: throttle.ThrottleProbe,
     pressure.PROBE_NAME: pressure.PressureProbe,
 }

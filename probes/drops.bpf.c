@@ -27,7 +27,11 @@
  * skb->head + skb->network_header (one probe read of 10 bytes, only for these drops), else the
  * skb's ethertype (arp...).
  *
- * Overhead: see docs/performance.md (benchmarks/bench_probe_overhead.py, kfree_skb).
+ * Overhead (benchmarks/bench_probe_overhead.py --quick --probe drops: UDP datagrams to a full
+ * receive buffer, kernel BPF stats against an empty program on kfree_skb, both attach orders,
+ * this loaded 2-vCPU VM): tp_btf 91.7 vs 45.8 ns per drop (2.00x, +46 ns); raw_tp 178 vs 47 ns
+ * (3.79x: every field a probe read).  Only drops run the program past the reason check;
+ * NOT_SPECIFIED frees cost one per-CPU increment.
  *
  * Example (tests/probes/test_drops.py: 10,007 datagrams to a receiver with a small SO_RCVBUF
  * that reads one per millisecond):

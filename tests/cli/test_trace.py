@@ -322,6 +322,7 @@ def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) ->
         "netsyscall",
         "tcpstate",
         "migration",
+        "drops",
     ]
     assert all("needs root" in line and "CAP_BPF" in line for line in lines), lines
     assert "Failed to compile" not in run.stderr
