@@ -2,8 +2,9 @@
 
 Every candidate compares the same before/after windows as the symptom (per-interval rates):
 
-- **counters** (:data:`COUNTER_CAUSES`): TCP retransmits and retransmit failures, task migrations
-  (cross-CPU, cross-node), socket syscall errors by (syscall, errno). One-sided conditional
+- **counters** (:data:`COUNTER_CAUSES`): TCP retransmits and retransmit failures, packet drops by
+  (protocol, kernel drop reason), task migrations (cross-CPU, cross-node), socket syscall errors
+  by (syscall, errno). One-sided conditional
   binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
 - **neighbour calls**: socket syscalls per interval of cgroups *outside* the incident (from the
   netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`) and now call
@@ -45,6 +46,7 @@ from tailsight.analysis.jumps import benjamini_hochberg
 from tailsight.cgroups import is_within
 from tailsight.intervals import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
+from tailsight.probes.drops import DROPPED_PACKETS
 from tailsight.probes.migration import CROSS_NODE_MIGRATIONS
 from tailsight.probes.migration import TASK_MIGRATIONS as MIGRATIONS
 from tailsight.probes.netsyscall import ERRORS
@@ -70,7 +72,18 @@ COUNTER_CAUSES: Final = {
     CROSS_NODE_MIGRATIONS: "cross_node_migrations",
     ERRORS: "syscall_errors",
     CALLS: "neighbour_calls",
+    DROPPED_PACKETS: "packet_drops",
 }
+DROP_REASON_WORDS: Final = {
+    "SOCKET_RCVBUFF": "at a full socket receive buffer (the reader did not keep up)",
+    "SOCKET_BACKLOG": "at a full socket backlog",
+    "PROTO_MEM": "at the protocol's memory limit",
+    "NETFILTER_DROP": "to a firewall rule (netfilter)",
+    "SOCKET_FILTER": "to a socket filter",
+    "QDISC_DROP": "in a queueing discipline (tc)",
+    "NO_SOCKET": "with no socket to take them",
+}
+"""The kernel's drop reasons (``enum skb_drop_reason``) in words; others are named as such."""
 MIN_CALL_RATIO: Final = 2.0
 """A neighbour's calls must at least double: with thousands of calls per interval any small
 drift is significant, and only a burst explains someone else's latency."""
@@ -181,6 +194,14 @@ class Cause:
                 f"tasks of {where} were moved {scope} {self.before:.1f} -> {self.after:.1f} "
                 f"times per interval{forced}"
             )
+        if self.kind == "packet_drops":
+            protocol = self.labels.get("protocol", "")
+            reason = self.labels.get("reason", "?")
+            what = {"udp": "UDP datagrams", "tcp": "TCP segments"}.get(
+                protocol, f"{protocol or 'network'} packets"
+            )
+            why = DROP_REASON_WORDS.get(reason, f"(kernel drop reason {reason})")
+            return f"{self.cgroup} lost {what} {why}: {counts}"
         if self.kind == "neighbour_calls":
             call = self.labels.get("syscall", "syscalls")
             return (

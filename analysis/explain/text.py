@@ -225,13 +225,14 @@ def incident_sentences(incident: Incident) -> list[str]:
     if incident.tested_causes:
         out.append(
             f"No cause found: none of {incident.tested_causes} candidate signals (retransmits, "
-            "migrations, syscall errors, run-queue displacement) of the cgroups involved "
+            "packet drops, migrations, syscall errors, run-queue displacement, CPU limits, "
+            "pressure stalls) of the cgroups involved "
             "rose significantly at the same time."
         )
     else:
         out.append(
-            "No cause found: no other signal of these cgroups rose (retransmits, migrations, "
-            "syscall errors and run-queue displacement need their probes)."
+            "No cause found: no other signal of these cgroups rose (retransmits, packet drops, "
+            "migrations, syscall errors and run-queue displacement need their probes)."
         )
     return out
 
