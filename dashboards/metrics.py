@@ -15,6 +15,7 @@ from tailsight.analysis.verdicts import TAIL_JUMP_P99_AFTER as TAIL_JUMP_P99_AFT
 from tailsight.analysis.verdicts import TAIL_JUMP_P99_BEFORE as TAIL_JUMP_P99_BEFORE
 from tailsight.collector.exporter import QUANTILE_LABEL as QUANTILE_LABEL  # re-exported
 from tailsight.probes import (
+    drops,
     metricnames,
     migration,
     netsyscall,
@@ -102,6 +103,12 @@ PRESSURE_FULL: Final = _counter(pressure.INFO, pressure.FULL)
 PRESSURE_HOST_SOME: Final = _counter(pressure.INFO, pressure.HOST_SOME)
 PRESSURE_HOST_FULL: Final = _counter(pressure.INFO, pressure.HOST_FULL)
 RESOURCE: Final = "resource"  # cpu | memory | io
+# Packet drops (probe drops, kfree_skb) by the kernel's drop reason, per cgroup of the socket the
+# packet was for, and host-wide for packets without one.
+PACKETS_DROPPED: Final = _counter(drops.INFO, drops.DROPPED_PACKETS)
+HOST_PACKETS_DROPPED: Final = _counter(drops.INFO, drops.HOST_DROPPED_PACKETS)
+PROTOCOL: Final = "protocol"
+REASON: Final = "reason"
 # Drops of every probe: <probe>_dropped_events{reason} and <probe>_outlier_dropped{reason}.
 DROPPED_NAME_RE: Final = "tailsight_[a-z]+_(dropped_events|outlier_dropped)_total"
 OUTLIER_EVENTS_NAME_RE: Final = "tailsight_[a-z]+_outlier_events_total"

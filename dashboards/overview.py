@@ -68,6 +68,24 @@ def build() -> dash.Dashboard:
         )
         .with_panel(
             timeseries_panel(
+                "Packets dropped per second",
+                [
+                    query(
+                        rate(m.PACKETS_DROPPED, [m.CGROUP, m.PROTOCOL, m.REASON], cgroup=CGROUPS),
+                        "{{cgroup}} {{protocol}} {{reason}}",
+                    ),
+                    query(
+                        rate(m.HOST_PACKETS_DROPPED, [m.PROTOCOL, m.REASON]),
+                        "host, no socket: {{protocol}} {{reason}}",
+                    ),
+                ],
+                unit="ops",
+                description="kfree_skb drops by the kernel's drop reason, per cgroup of the "
+                "packet's socket (probe drops).",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
                 "Network syscall errors per second",
                 [
                     query(

@@ -166,6 +166,25 @@ def build() -> dash.Dashboard:
         )
         .with_panel(
             timeseries_panel(
+                "Packets dropped for $victim per second",
+                [
+                    query(
+                        rate(m.PACKETS_DROPPED, [m.PROTOCOL, m.REASON], cgroup=VICTIM),
+                        "{{protocol}} {{reason}}",
+                    ),
+                    query(
+                        rate(m.HOST_PACKETS_DROPPED, [m.PROTOCOL, m.REASON]),
+                        "host, no socket: {{protocol}} {{reason}}",
+                    ),
+                ],
+                unit="ops",
+                description="Drops of packets for the victim's sockets by the kernel's drop "
+                "reason (SOCKET_RCVBUFF: its receive buffer was full), and the host's drops of "
+                "packets no socket took.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
                 "Migrations of $victim per second",
                 [
                     query(rate(m.MIGRATIONS, [m.CGROUP], cgroup=VICTIM), "cross-CPU"),
