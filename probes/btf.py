@@ -269,6 +269,16 @@ class Btf:
                 return dict(entry.enumerators)
         raise BtfError(f"enum {enum_name} is not in BTF")
 
+    def enum_with(self, enumerator: str) -> dict[str, int]:
+        """Enumerator name -> value of the enum, named or anonymous, that has ``enumerator``
+        (the kernel's softirq numbers are an anonymous enum)."""
+        for entry in self._types.values():
+            if entry.kind in ("ENUM", "ENUM64") and any(
+                name == enumerator for name, _ in entry.enumerators
+            ):
+                return dict(entry.enumerators)
+        raise BtfError(f"no enum with {enumerator} in BTF")
+
     # -- tracepoints --------------------------------------------------------------------------
 
     def tracepoint_args(self, name: str) -> list[str]:
