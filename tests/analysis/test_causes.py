@@ -14,59 +14,18 @@ from tailsight.analysis.explain.pipeline import explain_documents
 from tailsight.analysis.explain.text import describe_report, jump_title
 from tailsight.intervals import Counter, HistDocument, Series
 from tailsight.testing.eval import LatencyModel
-from tests.analysis.test_explain import FAST, INTERVAL_NS, START_NS, _hist
+from tests.analysis.synthetic import (
+    FAST,
+    STALLED,
+    Interval,
+    counter,
+    hist,
+    migration_documents,
+    tcp_documents,
+    timeline,
+)
 
 CONFIG = ExplainConfig(n_boot=100)
-STALLED = FAST.with_component(0.03, 300e6, 0.2)  # 3 % of calls wait ~300 ms (one RTO and more)
-
-
-def _counter(name: str, probe: str, value: int, **labels: str) -> Counter:
-    return Counter(name, {"probe": probe, **labels}, value)
-
-
-def tcp_documents(
-    seed: int = 0, intervals: int = 60, change_at: int = 30, server_series: bool = True
-) -> list[HistDocument]:
-    """/client and /server talk over loopback; from ``change_at`` the server's replies are
-    dropped now and then: both ends' recvfrom tails rise to an RTO, /server retransmits. Decoys:
-    / retransmits at a steady rate, /client migrates at a steady rate."""
-    rng = np.random.default_rng(seed)
-    documents = []
-    for t in range(intervals):
-        late = t >= change_at
-        model = STALLED if late else FAST
-        calls = int(rng.poisson(3000 if late else 5000))
-        series = [
-            Series(
-                {"probe": "netsyscall", "cgroup": "/client", "syscall": "recvfrom"},
-                _hist(model, rng, calls),
-            ),
-            Series(
-                {"probe": "netsyscall", "cgroup": "/client", "syscall": "sendto"},
-                _hist(FAST, rng, calls),
-            ),
-            Series({"probe": "runqueue", "cgroup": "/client"}, _hist(LatencyModel(), rng, 2000)),
-        ]
-        if server_series:
-            series.append(
-                Series(
-                    {"probe": "netsyscall", "cgroup": "/server", "syscall": "recvfrom"},
-                    _hist(model, rng, calls),
-                )
-            )
-        counters = [
-            _counter(
-                "tcp_retransmits",
-                "tcpstate",
-                int(rng.poisson(1.5 if late else 0.02)),
-                cgroup="/server",
-            ),
-            _counter("tcp_retransmits", "tcpstate", int(rng.poisson(2.0)), cgroup="/"),
-            _counter("task_migrations", "migration", int(rng.poisson(5.0)), cgroup="/client"),
-        ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
 
 
 def test_tcp_loss_is_one_incident_caused_by_retransmits() -> None:
@@ -101,53 +60,6 @@ def test_retransmits_of_an_unrecorded_peer_are_named_as_the_peer() -> None:
     assert "probably the other end" in " ".join(describe_report(report).split())
 
 
-def migration_documents(
-    seed: int = 2, intervals: int = 60, change_at: int = 30
-) -> list[HistDocument]:
-    """/victim's run-queue tail rises while its tasks start migrating (x20); nobody displaces it
-    more than before."""
-    rng = np.random.default_rng(seed)
-    before = LatencyModel()
-    after = before.with_component(0.04, 300_000.0, 0.3)
-    documents = []
-    for t in range(intervals):
-        late = t >= change_at
-        series = [
-            Series(
-                {"probe": "runqueue", "cgroup": "/victim"},
-                _hist(after if late else before, rng, 3000),
-            ),
-            Series({"probe": "runqueue", "cgroup": "/other"}, _hist(before, rng, 3000)),
-        ]
-        counters = [
-            _counter(
-                "task_migrations",
-                "migration",
-                int(rng.poisson(40 if late else 2)),
-                cgroup="/victim",
-            ),
-            _counter("task_migrations", "migration", int(rng.poisson(10)), cgroup="/other"),
-            _counter(
-                "runqueue_displaced_wait_ns",
-                "runqueue",
-                int(rng.gamma(8, 2e6 / 8)),
-                victim="/victim",
-                aggressor="/other",
-            ),
-            _counter(
-                "netsyscall_errors",
-                "netsyscall",
-                int(rng.poisson(3)),
-                cgroup="/victim",
-                syscall="sendto",
-                errno="EAGAIN",
-            ),
-        ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
-
-
 def test_migrations_are_the_cause_when_nobody_displaces_more() -> None:
     report = explain_documents(migration_documents(), config=CONFIG)
     assert len(report.incidents) == 1
@@ -161,18 +73,17 @@ def test_migrations_are_the_cause_when_nobody_displaces_more() -> None:
 
 def test_syscall_errors_by_errno() -> None:
     rng = np.random.default_rng(3)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         model = FAST.with_component(0.05, 2e6, 0.2) if late else FAST
         series = [
             Series(
                 {"probe": "netsyscall", "cgroup": "/app", "syscall": "connect"},
-                _hist(model, rng, 2000),
+                hist(model, rng, 2000),
             )
         ]
         counters = [
-            _counter(
+            counter(
                 "netsyscall_errors",
                 "netsyscall",
                 int(rng.poisson(60 if late else 0.1)),
@@ -180,7 +91,7 @@ def test_syscall_errors_by_errno() -> None:
                 syscall="connect",
                 errno="ECONNREFUSED",
             ),
-            _counter(
+            counter(
                 "netsyscall_errors",
                 "netsyscall",
                 int(rng.poisson(5)),
@@ -189,9 +100,9 @@ def test_syscall_errors_by_errno() -> None:
                 errno="EINPROGRESS",
             ),
         ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     causes = report.incidents[0].causes
     assert [(c.kind, c.labels) for c in causes] == [
         ("syscall_errors", {"syscall": "connect", "errno": "ECONNREFUSED"})
@@ -203,20 +114,20 @@ def _two_incidents(second_at: int = 55) -> Report:
     rng = np.random.default_rng(4)
     calm = LatencyModel()
     slow = calm.with_component(0.05, 400_000.0, 0.3)
-    documents = []
-    for t in range(80):
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series(
-                {"probe": "runqueue", "cgroup": "/a"}, _hist(slow if t >= 20 else calm, rng, 3000)
+                {"probe": "runqueue", "cgroup": "/a"}, hist(slow if t >= 20 else calm, rng, 3000)
             ),
             Series(
                 {"probe": "runqueue", "cgroup": "/b"},
-                _hist(slow if t >= second_at else calm, rng, 3000),
+                hist(slow if t >= second_at else calm, rng, 3000),
             ),
         ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, []))
-    return explain_documents(documents, config=CONFIG)
+        return series, []
+
+    return explain_documents(timeline(interval, intervals=80), config=CONFIG)
 
 
 def test_unrelated_jumps_are_separate_incidents() -> None:
@@ -261,26 +172,25 @@ def test_aggregate_raised_by_a_new_aggressor_folds_into_the_victims_incident() -
     calm = LatencyModel()
     slow = calm.with_component(0.05, 400_000.0, 0.3)
     hogs = LatencyModel(components=((1.0, 3_000_000.0, 0.2),))
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(slow if late else calm, rng, 3000)),
+                   hist(slow if late else calm, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e6 / 8)),
-                     victim="/victim", aggressor="/"),
+            counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e6 / 8)),
+                    victim="/victim", aggressor="/"),
         ]  # fmt: skip
         if late:
-            series.append(Series({"probe": "runqueue", "cgroup": "/hogs"}, _hist(hogs, rng, 500)))
+            series.append(Series({"probe": "runqueue", "cgroup": "/hogs"}, hist(hogs, rng, 500)))
             counters.append(
-                _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 4e8 / 8)),
-                         victim="/victim", aggressor="/hogs")
+                counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 4e8 / 8)),
+                        victim="/victim", aggressor="/hogs")
             )  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     assert incident.headline.labels == {"probe": "runqueue", "cgroup": "/victim"}
@@ -302,17 +212,17 @@ def test_retransmits_with_a_known_other_end_name_both_ends() -> None:
         decoy = int(rng.poisson(3.0 if late else 0.5))
         document.counters.extend(
             [
-                _counter("tcp_retransmits_to_peer", "tcpstate", server, cgroup="/server",
-                         victim="/client"),
-                _counter("tcp_retransmits", "tcpstate", client, cgroup="/client"),
-                _counter("tcp_retransmits_to_peer", "tcpstate", client, cgroup="/client",
-                         victim="/server"),
-                _counter("tcp_retransmits", "tcpstate", decoy, cgroup="/decoy"),
+                counter("tcp_retransmits_to_peer", "tcpstate", server, cgroup="/server",
+                        victim="/client"),
+                counter("tcp_retransmits", "tcpstate", client, cgroup="/client"),
+                counter("tcp_retransmits_to_peer", "tcpstate", client, cgroup="/client",
+                        victim="/server"),
+                counter("tcp_retransmits", "tcpstate", decoy, cgroup="/decoy"),
                 # Another cgroup's call burst at the same time: circumstantial, ranked after.
-                _counter("netsyscall_calls", "netsyscall", 30_000 if late else 10,
-                         cgroup="/busy", syscall="recvfrom"),
-                _counter("tcp_retransmits_to_peer", "tcpstate", decoy, cgroup="/decoy",
-                         victim="/elsewhere"),
+                counter("netsyscall_calls", "netsyscall", 30_000 if late else 10,
+                        cgroup="/busy", syscall="recvfrom"),
+                counter("tcp_retransmits_to_peer", "tcpstate", decoy, cgroup="/decoy",
+                        victim="/elsewhere"),
             ]
         )  # fmt: skip
     report = explain_documents(documents, config=CONFIG)
@@ -339,25 +249,24 @@ def test_failing_calls_of_a_starved_cgroup_rank_after_what_starved_it() -> None:
     run-queue wait."""
     rng = np.random.default_rng(7)
     calm = LatencyModel()
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "netsyscall", "cgroup": "/victim", "syscall": "recvfrom"},
-                   _hist(STALLED if late else FAST, rng, 3000)),
+                   hist(STALLED if late else FAST, rng, 3000)),
             Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng, 3000)),
+                   hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (5e6 if late else 1e6) / 8)),
-                     victim="/victim", aggressor="/worker"),
-            _counter("netsyscall_errors", "netsyscall", int(rng.poisson(40 if late else 0.02)),
-                     cgroup="/victim", syscall="recvfrom", errno="EAGAIN"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (5e6 if late else 1e6) / 8)),
+                    victim="/victim", aggressor="/worker"),
+            counter("netsyscall_errors", "netsyscall", int(rng.poisson(40 if late else 0.02)),
+                    cgroup="/victim", syscall="recvfrom", errno="EAGAIN"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     assert incident.headline.labels["probe"] == "netsyscall", describe_report(report)
@@ -374,24 +283,23 @@ def test_failing_calls_rank_after_what_starved_them_under_an_all_cgroups_headlin
     only a cgroup's own wait."""
     rng = np.random.default_rng(13)
     calm = LatencyModel()
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(calm.with_component(0.3, 3e6, 0.3) if late else calm, rng, 20)),
-            Series({"probe": "runqueue", "cgroup": "/bulk"}, _hist(calm, rng, 3000)),
+                   hist(calm.with_component(0.3, 3e6, 0.3) if late else calm, rng, 20)),
+            Series({"probe": "runqueue", "cgroup": "/bulk"}, hist(calm, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (30e6 if late else 1e5) / 8)),
-                     victim="/victim", aggressor="/worker"),
-            _counter("netsyscall_errors", "netsyscall", int(rng.poisson(6 if late else 0.001)),
-                     cgroup="/victim", syscall="sendto", errno="EAGAIN"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (30e6 if late else 1e5) / 8)),
+                    victim="/victim", aggressor="/worker"),
+            counter("netsyscall_errors", "netsyscall", int(rng.poisson(6 if late else 0.001)),
+                    cgroup="/victim", syscall="sendto", errno="EAGAIN"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     assert len(report.incidents) == 1, describe_report(report)
     incident = report.incidents[0]
     assert [jump_title(j) for j in incident.jumps] == ["run-queue wait of all cgroups"]
@@ -410,31 +318,30 @@ def test_a_flooding_neighbour_is_named_though_the_server_answering_it_calls_more
     rng = np.random.default_rng(11)
     calm = LatencyModel()
     slow_server = FAST.with_component(0.05, 2e6, 0.3)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "netsyscall", "cgroup": "/victim", "syscall": "sendto"},
-                   _hist(STALLED if late else FAST, rng, 3000)),
+                   hist(STALLED if late else FAST, rng, 3000)),
             Series({"probe": "netsyscall", "cgroup": "/server", "syscall": "recvfrom"},
-                   _hist(slow_server if late else FAST, rng, 33_000 if late else 3000)),
+                   hist(slow_server if late else FAST, rng, 33_000 if late else 3000)),
             Series({"probe": "runqueue", "cgroup": "/neighbour"},
-                   _hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng,
-                         3000 if late else 300)),
+                   hist(calm.with_component(0.05, 400_000.0, 0.3) if late else calm, rng,
+                        3000 if late else 300)),
         ]  # fmt: skip
         if late:
             series.append(
                 Series({"probe": "netsyscall", "cgroup": "/neighbour", "syscall": "sendto"},
-                       _hist(FAST, rng, 30_000))
+                       hist(FAST, rng, 30_000))
             )  # fmt: skip
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (3e6 if late else 1e6) / 8)),
-                     victim="/victim", aggressor="/server"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (3e6 if late else 1e6) / 8)),
+                    victim="/victim", aggressor="/server"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     victims = [i for i in report.incidents if "/victim" in i.cgroups]
     assert victims, describe_report(report)
     first = victims[0].causes[0]
@@ -449,14 +356,12 @@ def _run_queue_jump(
 ) -> list[HistDocument]:
     """60 intervals of ``cgroup``'s run-queue wait, calm then ``slow`` from interval 30, with
     ``counters(late)`` drawn after each interval's histogram."""
-    documents = []
-    for t in range(60):
-        late = t >= 30
-        hist = _hist(slow if late else LatencyModel(), rng, 3000)
-        series = [Series({"probe": "runqueue", "cgroup": cgroup}, hist)]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters(late)))
-    return documents
+
+    def interval(t: int, late: bool) -> Interval:
+        wait = hist(slow if late else LatencyModel(), rng, 3000)
+        return [Series({"probe": "runqueue", "cgroup": cgroup}, wait)], counters(late)
+
+    return timeline(interval)
 
 
 def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wait() -> None:
@@ -469,15 +374,15 @@ def test_a_hogs_displacement_outranks_a_neighbours_call_burst_for_a_run_queue_wa
 
     def counters(late: bool) -> list[Counter]:
         return [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (384e6 if late else 147e6) / 8)),
-                     victim="/trading", aggressor="/noisy"),
-            _counter("netsyscall_calls", "netsyscall", int(rng.poisson(1500 if late else 150)),
-                     cgroup="/exchange", syscall="recvfrom"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (384e6 if late else 147e6) / 8)),
+                    victim="/trading", aggressor="/noisy"),
+            counter("netsyscall_calls", "netsyscall", int(rng.poisson(1500 if late else 150)),
+                    cgroup="/exchange", syscall="recvfrom"),
             # The starved receiver acknowledges late: the exchange retransmits to it (as in the
             # demo on this 2-core host: 31 in 30 intervals before, 159 in 27 after).
-            _counter("tcp_retransmits_to_peer", "tcpstate", int(rng.poisson(6 if late else 1)),
-                     cgroup="/exchange", victim="/trading"),
+            counter("tcp_retransmits_to_peer", "tcpstate", int(rng.poisson(6 if late else 1)),
+                    cgroup="/exchange", victim="/trading"),
         ]  # fmt: skip
 
     slow = LatencyModel().with_component(0.05, 6_000_000.0, 0.3)
@@ -501,11 +406,11 @@ def _steal_documents(hog: bool, seed: int) -> list[HistDocument]:
         steal_0 = rng.gamma(8, (400e6 if late and not hog else 40e6) / 8)
         steal_1 = rng.gamma(8, (80e6 if late and hog else 40e6) / 8)
         return [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (5e6 if late else 0.2e6) / 8)),
-                     victim="/victim", aggressor="/hog" if hog else "idle"),
-            _counter("host_cpu_steal_ns", "runqueue", int(steal_0), cpu="0"),
-            _counter("host_cpu_steal_ns", "runqueue", int(steal_1), cpu="1"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (5e6 if late else 0.2e6) / 8)),
+                    victim="/victim", aggressor="/hog" if hog else "idle"),
+            counter("host_cpu_steal_ns", "runqueue", int(steal_0), cpu="0"),
+            counter("host_cpu_steal_ns", "runqueue", int(steal_1), cpu="1"),
         ]  # fmt: skip
 
     slow = LatencyModel().with_component(0.05, 400_000.0, 0.3)

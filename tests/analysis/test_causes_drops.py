@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tailsight.analysis.explain.model import ExplainConfig
 from tailsight.analysis.explain.pipeline import explain_documents
 from tailsight.analysis.explain.text import describe_report
 from tailsight.intervals import HistDocument, Series
-from tests.analysis.test_causes import CONFIG, _counter
-from tests.analysis.test_explain import FAST, INTERVAL_NS, START_NS, _hist
+from tests.analysis.synthetic import FAST, Interval, counter, hist, timeline
+
+CONFIG = ExplainConfig(n_boot=100)
 
 
 def feed_documents(drops_after: float) -> list[HistDocument]:
@@ -17,27 +19,26 @@ def feed_documents(drops_after: float) -> list[HistDocument]:
     ``drops_after`` per interval. Steady drops elsewhere (a firewall rule of /other, host-wide
     drops with no socket) are no cause."""
     rng = np.random.default_rng(11)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         model = FAST.with_component(0.05, 3e6, 0.2) if late else FAST
         series = [
             Series(
                 {"probe": "netsyscall", "cgroup": "/feed", "syscall": "recvfrom"},
-                _hist(model, rng, 2000),
+                hist(model, rng, 2000),
             )
         ]
         counters = [
-            _counter("packets_dropped", "drops", int(rng.poisson(drops_after if late else 0.05)),
-                     cgroup="/feed", protocol="udp", reason="SOCKET_RCVBUFF"),
-            _counter("packets_dropped", "drops", int(rng.poisson(40)),
-                     cgroup="/other", protocol="tcp", reason="NETFILTER_DROP"),
-            _counter("host_packets_dropped", "drops", int(rng.poisson(7)),
-                     scope="host", protocol="udp", reason="NO_SOCKET"),
+            counter("packets_dropped", "drops", int(rng.poisson(drops_after if late else 0.05)),
+                    cgroup="/feed", protocol="udp", reason="SOCKET_RCVBUFF"),
+            counter("packets_dropped", "drops", int(rng.poisson(40)),
+                    cgroup="/other", protocol="tcp", reason="NETFILTER_DROP"),
+            counter("host_packets_dropped", "drops", int(rng.poisson(7)),
+                    scope="host", protocol="udp", reason="NO_SOCKET"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
+        return series, counters
+
+    return timeline(interval)
 
 
 def test_receive_buffer_drops_are_the_cause_in_the_kernels_words() -> None:

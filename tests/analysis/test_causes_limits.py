@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from tailsight.analysis.explain.model import ExplainConfig
 from tailsight.analysis.explain.pipeline import explain_documents
 from tailsight.analysis.explain.text import describe_report
 from tailsight.intervals import HistDocument, Series
 from tailsight.testing.eval import LatencyModel
-from tests.analysis.test_causes import CONFIG, _counter
-from tests.analysis.test_explain import INTERVAL_NS, START_NS, _hist
+from tests.analysis.synthetic import INTERVAL_NS, START_NS, Interval, counter, hist, timeline
 
+CONFIG = ExplainConfig(n_boot=100)
 CALM = LatencyModel()
 PARKED = CALM.with_component(0.05, 60_000_000.0, 0.3)  # 5 % of waits last a throttled period
 QUOTA = "20000 100000"
@@ -29,34 +30,33 @@ def throttled_documents(
     victim or a parent) parks it in 10 of 10 periods, 80 ms per interval; meanwhile the CPU sits
     idle, or (``neighbour``) /neighbour runs on it."""
     rng = np.random.default_rng(seed)
-    documents = []
-    for t in range(intervals):
-        late = t >= change_at
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "runqueue", "cgroup": victim},
-                   _hist(PARKED if late else CALM, rng, 3000)),
+                   hist(PARKED if late else CALM, rng, 3000)),
         ]  # fmt: skip
         parked_ns = 80_000_000 if late else 0
         holder = "/neighbour" if neighbour else "idle"
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e5 / 8)),
-                     victim=victim, aggressor=holder),
-            _counter("throttle_periods", "throttle", 10, cgroup=limited, cpu_max=QUOTA),
-            _counter("throttle_throttled_periods", "throttle", 10 if late else 0,
-                     cgroup=limited, cpu_max=QUOTA),
-            _counter("throttle_throttled_ns", "throttle", parked_ns, cgroup=limited,
-                     cpu_max=QUOTA),
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(4, 1e4)),
-                     cgroup=victim, resource="memory"),
+            counter("runqueue_displaced_wait_ns", "runqueue", int(rng.gamma(8, 1e5 / 8)),
+                    victim=victim, aggressor=holder),
+            counter("throttle_periods", "throttle", 10, cgroup=limited, cpu_max=QUOTA),
+            counter("throttle_throttled_periods", "throttle", 10 if late else 0,
+                    cgroup=limited, cpu_max=QUOTA),
+            counter("throttle_throttled_ns", "throttle", parked_ns, cgroup=limited,
+                    cpu_max=QUOTA),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(4, 1e4)),
+                    cgroup=victim, resource="memory"),
         ]  # fmt: skip
         if late:  # the parked wait, charged to whoever ran meanwhile
             counters.append(
-                _counter("runqueue_displaced_wait_ns", "runqueue", parked_ns * 5,
-                         victim=victim, aggressor=holder)
+                counter("runqueue_displaced_wait_ns", "runqueue", parked_ns * 5,
+                        victim=victim, aggressor=holder)
             )  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
+        return series, counters
+
+    return timeline(interval, intervals, change_at)
 
 
 def test_own_limit_comes_first_and_the_idle_cpu_is_no_aggressor() -> None:
@@ -102,23 +102,22 @@ def idle_documents(seed: int = 0, steal: bool = False) -> list[HistDocument]:
     """/victim's wait rises, charged to the idle task, with no limit (and ``steal``: CPU 0's
     steal time rises with it)."""
     rng = np.random.default_rng(seed)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(PARKED if late else CALM, rng, 3000)),
+                   hist(PARKED if late else CALM, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (3e8 if late else 1e5) / 8)), victim="/victim",
-                     aggressor="idle"),
-            _counter("host_cpu_steal_ns", "runqueue",
-                     int(rng.gamma(8, (4e8 if late and steal else 1e6) / 8)), cpu="0"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (3e8 if late else 1e5) / 8)), victim="/victim",
+                    aggressor="idle"),
+            counter("host_cpu_steal_ns", "runqueue",
+                    int(rng.gamma(8, (4e8 if late and steal else 1e6) / 8)), cpu="0"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
+        return series, counters
+
+    return timeline(interval)
 
 
 def test_a_wait_on_an_idle_cpu_without_limit_or_steal_reads_as_a_wake_up() -> None:
@@ -137,22 +136,21 @@ def test_a_wait_on_an_idle_cpu_with_steal_reads_as_steal() -> None:
 
 def test_memory_pressure_is_a_candidate_with_its_own_words() -> None:
     rng = np.random.default_rng(3)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "netsyscall", "cgroup": "/feed", "syscall": "recvfrom"},
-                   _hist(PARKED if late else CALM, rng, 3000)),
+                   hist(PARKED if late else CALM, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
-                     cgroup="/feed", resource="memory"),
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, 1e5 / 8)),
-                     cgroup="/feed", resource="io"),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                    cgroup="/feed", resource="memory"),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(8, 1e5 / 8)),
+                    cgroup="/feed", resource="io"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     causes = report.incidents[0].causes
     assert [(c.kind, c.cgroup) for c in causes] == [("memory_pressure", "/feed")]
     assert "tasks of /feed stalled reclaiming or faulting in memory (PSI memory some)" in " ".join(
@@ -165,21 +163,21 @@ def late_documents(second_step: bool, seed: int = 0) -> list[HistDocument]:
     ``second_step`` the wait rises a little at 30 and mostly at 45, else all of it at 30."""
     rng = np.random.default_rng(seed)
     small = CALM.with_component(0.03, 2_000_000.0, 0.3)
-    documents = []
-    for t in range(75):
+
+    def interval(t: int, late: bool) -> Interval:
         if second_step:
             model = PARKED if t >= 45 else small if t >= 30 else CALM
         else:
             model = PARKED if t >= 30 else CALM
-        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, _hist(model, rng, 3000))]
+        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, hist(model, rng, 3000))]
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
-                     aggressor="/hog"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
+                    aggressor="/hog"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
+        return series, counters
+
+    return timeline(interval, intervals=75)
 
 
 def test_a_cause_that_began_after_the_symptom_is_not_its_cause() -> None:
@@ -208,21 +206,21 @@ def test_a_later_cause_beside_one_in_time_neither_redates_nor_leads() -> None:
     """/hog displaces /trading from the change; /other's load comes 15 intervals later: the
     incident stays dated at the change, /hog first, /other late."""
     rng = np.random.default_rng(4)
-    documents = []
-    for t in range(75):
+
+    def interval(t: int, late: bool) -> Interval:
         model = PARKED if t >= 30 else CALM
-        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, _hist(model, rng, 3000))]
+        series = [Series({"probe": "runqueue", "cgroup": "/trading"}, hist(model, rng, 3000))]
         counters = [
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (8e7 if t >= 30 else 1e5) / 8)), victim="/trading",
-                     aggressor="/hog"),
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
-                     aggressor="/other"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (8e7 if t >= 30 else 1e5) / 8)), victim="/trading",
+                    aggressor="/hog"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (3e8 if t >= 45 else 1e5) / 8)), victim="/trading",
+                    aggressor="/other"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval, intervals=75), config=CONFIG)
     incident = next(i for i in report.incidents if i.causes)
     assert incident.dated_ns is None and abs(incident.headline.change_index - 30) <= 1
     by_aggressor = {c.labels.get("aggressor"): c for c in incident.causes}
@@ -233,25 +231,24 @@ def test_a_later_cause_beside_one_in_time_neither_redates_nor_leads() -> None:
 def test_io_stalls_beside_memory_stalls_are_its_consequence() -> None:
     """Pages read back after reclaim stall on io too, here more than on memory: memory first."""
     rng = np.random.default_rng(5)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "netsyscall", "cgroup": "/feed", "syscall": "recvfrom"},
-                   _hist(PARKED if late else CALM, rng, 3000)),
+                   hist(PARKED if late else CALM, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (6e7 if late else 1e5) / 8)),
-                     cgroup="/feed", resource="memory"),
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
-                     cgroup="/feed", resource="io"),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(8, (6e7 if late else 1e5) / 8)),
+                    cgroup="/feed", resource="memory"),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                    cgroup="/feed", resource="io"),
             # Kernel workers run on its CPU meanwhile: a small displacement, after the stalls.
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (1e7 if late else 1e4) / 8)), victim="/feed", aggressor="/"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (1e7 if late else 1e4) / 8)), victim="/feed", aggressor="/"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     kinds = [c.kind for c in report.incidents[0].causes]
     assert kinds[0] == "memory_pressure", describe_report(report)
     assert sorted(kinds) == ["displacement", "io_pressure", "memory_pressure"]
@@ -261,23 +258,22 @@ def test_kernel_threads_running_while_a_cgroup_reclaims_are_the_stall_not_a_neig
     """A run-queue rise of a cgroup stalled on memory, on CPUs kswapd and the I/O workers (cgroup
     /) held meanwhile, their displacement rising more than the stall: the stall comes first."""
     rng = np.random.default_rng(7)
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series({"probe": "runqueue", "cgroup": "/victim"},
-                   _hist(PARKED if late else CALM, rng, 3000)),
+                   hist(PARKED if late else CALM, rng, 3000)),
         ]  # fmt: skip
         counters = [
-            _counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
-                     cgroup="/victim", resource="memory"),
-            _counter("runqueue_displaced_wait_ns", "runqueue",
-                     int(rng.gamma(8, (1e8 if late else 1e4) / 8)), victim="/victim",
-                     aggressor="/"),
+            counter("pressure_some_ns", "pressure", int(rng.gamma(8, (9e7 if late else 1e5) / 8)),
+                    cgroup="/victim", resource="memory"),
+            counter("runqueue_displaced_wait_ns", "runqueue",
+                    int(rng.gamma(8, (1e8 if late else 1e4) / 8)), victim="/victim",
+                    aggressor="/"),
         ]  # fmt: skip
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=CONFIG)
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=CONFIG)
     causes = report.incidents[0].causes
     assert [(c.kind, c.cgroup) for c in causes] == [
         ("memory_pressure", "/victim"),

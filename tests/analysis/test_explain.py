@@ -16,82 +16,18 @@ from tailsight.analysis.explain.html import render_html
 from tailsight.analysis.explain.model import ExplainConfig, Report
 from tailsight.analysis.explain.pipeline import explain_documents
 from tailsight.analysis.explain.text import describe_report, jump_sentences, report_json
-from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.intervals import Counter, Series
 from tailsight.testing.eval import LatencyModel
-
-INTERVAL_NS = 1_000_000_000
-START_NS = 1_790_000_000 * INTERVAL_NS
-SPIKE_STACK = "entry_SYSCALL_64;do_syscall_64;asm_sysvec_apic_timer_interrupt;schedule;__schedule"
-COMMON_STACK = "entry_SYSCALL_64;do_syscall_64;__x64_sys_nanosleep;schedule;__schedule"
-FAST = LatencyModel(components=((1.0, 30_000.0, 0.3),))
-SLOW = LatencyModel(components=((1.0, 2_000_000.0, 0.1),))
-
-
-def _hist(model: LatencyModel, rng: np.random.Generator, events: int) -> Histogram:
-    counts = model.sample_counts(rng, events)
-    return Histogram(counts[:NUM_BUCKETS], overflow=int(counts[NUM_BUCKETS]))
-
-
-def incident_documents(
-    seed: int = 0, intervals: int = 60, change_at: int = 30, start_ns: int = START_NS
-) -> list[HistDocument]:
-    """/trading's run-queue tail rises at ``change_at`` because /batch displaces it; one outlier
-    stack becomes frequent; /batch and / stay as they were."""
-    rng = np.random.default_rng(seed)
-    before = LatencyModel()
-    after = before.with_component(0.05, 400_000.0, 0.3)
-    documents = []
-    for t in range(intervals):
-        late = t >= change_at
-        series = [
-            Series(
-                {"probe": "runqueue", "cgroup": "/trading"},
-                _hist(after if late else before, rng, int(rng.poisson(3000))),
-            ),
-            Series({"probe": "runqueue", "cgroup": "/batch"}, _hist(before, rng, 2000)),
-            Series({"probe": "runqueue", "cgroup": "/"}, _hist(before, rng, 1000)),
-        ]
-        waits = {"/batch": 20e6 if late else 1e6, "/": 3e6, "idle": 2e6}
-        counters = []
-        for aggressor, mean_ns in waits.items():
-            labels = {"probe": "runqueue", "victim": "/trading", "aggressor": aggressor}
-            counters.append(
-                Counter("runqueue_displaced_wait_ns", labels, int(rng.gamma(8.0, mean_ns / 8)))
-            )
-            counters.append(Counter("runqueue_displaced_switches", labels, int(rng.poisson(50))))
-        for stack, rate in ((SPIKE_STACK, 15.0 if late else 0.5), (COMMON_STACK, 3.0)):
-            labels = {
-                "probe": "runqueue",
-                "cgroup": "/trading",
-                "kernel_stack": stack,
-                "user_stack": "main;spin",
-            }
-            counters.append(Counter("runqueue_outlier_events", labels, int(rng.poisson(rate))))
-        start = start_ns + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
-
-
-def mix_documents(seed: int = 1, intervals: int = 50, change_at: int = 25) -> list[HistDocument]:
-    """No cgroup gets slower; /slow (always ~2 ms) sends 10x more calls from ``change_at`` on."""
-    rng = np.random.default_rng(seed)
-    documents = []
-    for t in range(intervals):
-        slow_events = int(rng.poisson(200 if t >= change_at else 20))
-        series = [
-            Series(
-                {"probe": "netsyscall", "cgroup": "/slow", "syscall": "recvfrom"},
-                _hist(SLOW, rng, slow_events),
-            ),
-            Series(
-                {"probe": "netsyscall", "cgroup": "/fast", "syscall": "sendto"},
-                _hist(FAST, rng, int(rng.poisson(5000))),
-            ),
-        ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, []))
-    return documents
+from tests.analysis.synthetic import (
+    COMMON_STACK,
+    SPIKE_STACK,
+    Interval,
+    hist,
+    hog_documents,
+    incident_documents,
+    mix_documents,
+    timeline,
+)
 
 
 def _find(report: Report, **labels: str) -> list[int]:
@@ -151,15 +87,15 @@ def test_mix_shift_is_reported_as_volume_of_the_slow_source() -> None:
 
 def test_stationary_recording_has_no_jumps() -> None:
     rng = np.random.default_rng(7)
-    documents = []
-    for t in range(60):
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
-            Series({"probe": "runqueue", "cgroup": f"/g{g}"}, _hist(LatencyModel(), rng, 3000))
+            Series({"probe": "runqueue", "cgroup": f"/g{g}"}, hist(LatencyModel(), rng, 3000))
             for g in range(4)
         ]
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, []))
-    report = explain_documents(documents, config=ExplainConfig(n_boot=50))
+        return series, []
+
+    report = explain_documents(timeline(interval), config=ExplainConfig(n_boot=50))
     assert report.jumps == []
     assert report.tested == 5  # four cgroups and their {probe} aggregate
     assert "0 jumps" in " ".join(describe_report(report).split())
@@ -217,37 +153,6 @@ def test_html_is_self_contained_and_marks_the_jump() -> None:
 
 
 # -- falls, and shares of a rise beside them -----------------------------------------------------
-
-
-def hog_documents(seed: int = 11, intervals: int = 60, change_at: int = 30) -> list[HistDocument]:
-    """At ``change_at`` /hog starts displacing /victim (victim's tail rises); the idle CPU time
-    the victim used to get falls (the idle 'aggressor' loses displaced wait), and /hog's own
-    run-queue tail falls (it now runs on a CPU it used to share with a third, stopped job)."""
-    rng = np.random.default_rng(seed)
-    calm = LatencyModel()
-    slow = calm.with_component(0.05, 400_000.0, 0.3)
-    documents = []
-    for t in range(intervals):
-        late = t >= change_at
-        series = [
-            Series(
-                {"probe": "runqueue", "cgroup": "/victim"}, _hist(slow if late else calm, rng, 3000)
-            ),
-            Series(
-                {"probe": "runqueue", "cgroup": "/hog"}, _hist(calm if late else slow, rng, 3000)
-            ),
-        ]
-        waits = {"/hog": 20e6 if late else 0.0, "idle": 1e6 if late else 4e6, "/": 1e6}
-        counters = []
-        for aggressor, mean_ns in waits.items():
-            labels = {"probe": "runqueue", "victim": "/victim", "aggressor": aggressor}
-            value = int(rng.gamma(8.0, mean_ns / 8)) if mean_ns else 0
-            counters.append(Counter("runqueue_displaced_wait_ns", labels, value))
-            switches = int(rng.poisson(50)) if mean_ns else 0
-            counters.append(Counter("runqueue_displaced_switches", labels, switches))
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    return documents
 
 
 PERCENT = re.compile(r"(-?\d+)%")
@@ -309,13 +214,12 @@ def test_headline_is_the_newcomers_victim_not_the_tasks_it_crowded() -> None:
         "/trading": {"/noisy": (1.0, 200.0), "/exchange": (2.0, 2.0)},
         "/crowd": {"/noisy": (1.0, 5.0), "/exchange": (100.0, 400.0)},  # as in the demo
     }
-    documents = []
-    for t in range(60):
-        late = t >= 30
+
+    def interval(t: int, late: bool) -> Interval:
         series, counters = [], []
         for victim, after in slower.items():
             model = after if late else base
-            series.append(Series({"probe": "runqueue", "cgroup": victim}, _hist(model, rng, 3000)))
+            series.append(Series({"probe": "runqueue", "cgroup": victim}, hist(model, rng, 3000)))
             # The hog shows a little before the change: it started inside that interval.
             for aggressor, (before_ms, after_ms) in waits[victim].items():
                 mean_ns = (after_ms if late else before_ms) * 1e6
@@ -324,9 +228,9 @@ def test_headline_is_the_newcomers_victim_not_the_tasks_it_crowded() -> None:
                 switches = int(rng.poisson(50))
                 counters.append(Counter("runqueue_displaced_wait_ns", labels, wait))
                 counters.append(Counter("runqueue_displaced_switches", labels, switches))
-        start = START_NS + t * INTERVAL_NS
-        documents.append(HistDocument(start, start + INTERVAL_NS, series, counters))
-    report = explain_documents(documents, config=ExplainConfig(n_boot=100))
+        return series, counters
+
+    report = explain_documents(timeline(interval), config=ExplainConfig(n_boot=100))
     assert len(report.incidents) == 1, [i.headline.series for i in report.incidents]
     incident = report.incidents[0]
     assert {j.labels.get("cgroup") for j in incident.jumps} >= {"/trading", "/crowd"}

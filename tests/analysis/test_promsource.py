@@ -25,7 +25,7 @@ from tailsight.cli.main import app
 from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import COARSE_BOUNDS_NS, Family, PrometheusExporter
 from tailsight.intervals import HistDocument
-from tests.analysis.test_explain import INTERVAL_NS, incident_documents
+from tests.analysis.synthetic import INTERVAL_NS, incident_documents
 from tests.prometheus_server import PROMETHEUS, PROMTOOL, prometheus_scraping
 
 pytestmark = pytest.mark.slow

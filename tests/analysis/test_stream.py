@@ -16,8 +16,13 @@ from tailsight.collector.store.writer import RecordingWriter
 from tailsight.hist import Histogram
 from tailsight.intervals import HistDocument, Series
 from tests.analysis.dense_explain import dense_explain
-from tests.analysis.test_causes import migration_documents, tcp_documents
-from tests.analysis.test_explain import hog_documents, incident_documents, mix_documents
+from tests.analysis.synthetic import (
+    hog_documents,
+    incident_documents,
+    migration_documents,
+    mix_documents,
+    tcp_documents,
+)
 
 CONFIG = ExplainConfig(n_boot=60)
 CASES = {

@@ -6,34 +6,26 @@ from __future__ import annotations
 import numpy as np
 
 from tailsight.analysis.verdicts import JumpVerdicts, Verdict
-from tailsight.hist import NUM_BUCKETS, Histogram
-from tailsight.intervals import Counter, HistDocument, Series
+from tailsight.intervals import Counter, Series
 from tailsight.testing.eval import LatencyModel
+from tests.analysis.synthetic import Interval, hist, timeline
 
-INTERVAL_NS = 1_000_000_000
-START_NS = 1_790_000_000 * INTERVAL_NS
 CHANGE = 45  # after the detector's 30 reference intervals
 QUOTA = "20000 100000"
 CALM = LatencyModel()
 PARKED = CALM.with_component(0.05, 60_000_000.0, 0.3)
 
 
-def _hist(model: LatencyModel, rng: np.random.Generator) -> Histogram:
-    counts = model.sample_counts(rng, 3000)
-    return Histogram(counts[:NUM_BUCKETS], overflow=int(counts[NUM_BUCKETS]))
-
-
 def _verdict(throttled: bool, holder: str) -> Verdict:
     """/pod/victim's wait rises at CHANGE; ``holder`` ran on its CPU meanwhile, and (with
     ``throttled``) /pod's limit parked it 80 ms of every second."""
     rng = np.random.default_rng(11)
-    verdicts = JumpVerdicts()
-    found = []
-    for t in range(CHANGE + 6):
-        late = t >= CHANGE
+
+    def interval(t: int, late: bool) -> Interval:
         series = [
             Series(
-                {"probe": "runqueue", "cgroup": "/pod/victim"}, _hist(PARKED if late else CALM, rng)
+                {"probe": "runqueue", "cgroup": "/pod/victim"},
+                hist(PARKED if late else CALM, rng, 3000),
             )
         ]
         wait = int(rng.gamma(8, (4e8 if late else 1e5) / 8))
@@ -52,8 +44,12 @@ def _verdict(throttled: bool, holder: str) -> Verdict:
         if throttled:
             labels = {"probe": "throttle", "cgroup": "/pod", "cpu_max": QUOTA}
             counters.append(Counter("throttle_throttled_ns", labels, 80_000_000 if late else 0))
-        start = START_NS + t * INTERVAL_NS
-        found += verdicts.update(HistDocument(start, start + INTERVAL_NS, series, counters))
+        return series, counters
+
+    verdicts = JumpVerdicts()
+    found = []
+    for document in timeline(interval, CHANGE + 6, CHANGE):
+        found += verdicts.update(document)
     (verdict,) = found
     return verdict
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.collector.store.writer import RecordingWriter
-from tests.analysis.test_explain import INTERVAL_NS, START_NS, incident_documents
+from tests.analysis.synthetic import INTERVAL_NS, START_NS, hog_documents, incident_documents
 
 
 def _write(directory: Path) -> None:
@@ -99,8 +99,6 @@ def test_html_is_written_atomically_over_an_old_report(tmp_path: Path) -> None:
 
 
 def test_falls_flag_lists_tails_that_got_faster(tmp_path: Path) -> None:
-    from tests.analysis.test_explain import hog_documents
-
     with RecordingWriter(tmp_path, fsync=False) as writer:
         for document in hog_documents():
             writer.append(document)

@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dashboard_incident import AGGRESSOR, CHANGE_AT, INTERVAL_NS, START_NS, VICTIM, incident
+from dashboard_incident import AGGRESSOR, CHANGE_AT, VICTIM, incident
 from typer.testing import CliRunner
 
 from tailsight.cli.main import app
 from tailsight.collector.store.writer import RecordingWriter
 from tailsight.dashboards.rootcause_html import render_root_cause
+from tests.analysis.synthetic import INTERVAL_NS, START_NS
 
 CHROMIUM_FLAGS = (
     "--headless",

@@ -5,13 +5,14 @@ then expires; its Grafana annotation reaches the Grafana API double with the jum
 from __future__ import annotations
 
 import pytest
-from dashboard_incident import AGGRESSOR, INTERVAL_NS, START_NS, VICTIM, incident
+from dashboard_incident import AGGRESSOR, VICTIM, incident
 from grafana_double import grafana_double
 
 from tailsight.analysis.verdicts import JumpVerdicts, Verdict
 from tailsight.cli.wiring import live_verdicts
 from tailsight.collector.exporter import PrometheusExporter
 from tailsight.dashboards.annotations import GrafanaAnnotator
+from tests.analysis.synthetic import INTERVAL_NS, START_NS
 
 CHANGE = 45  # after the detector's 30 reference intervals
 HOLD = 10

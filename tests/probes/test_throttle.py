@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -432,10 +433,19 @@ def check_intervals(
         previous_after, previous_before, previous = after, before, snapshot
 
 
-@pytest.mark.kernel
-def test_throttle_counts_equal_the_kernel_v1_cpu_stat(kernel_ready: None) -> None:
+class Spinner(NamedTuple):
+    directory: Path  # its v1 cpu group
+    pid: int
+    cgroup_id: int
+    cgroup_path: str  # its v2 cgroup
+
+
+@contextlib.contextmanager
+def limited_spinner(name: str) -> Iterator[Spinner]:
+    """A CPU spinner in /<private base>/limited, v1 and v2 alike, its v1 group limited to 20 ms
+    of every 100 ms period."""
     v1_root = v1_cpu_root()
-    base = private_base("throttle")
+    base = private_base(name)
     with (
         v1_groups(v1_root, [f"/{base}/limited"]) as v1,
         Workload([Task("limited", cpu=default_cpu())], base=base) as workload,
@@ -444,10 +454,17 @@ def test_throttle_counts_equal_the_kernel_v1_cpu_stat(kernel_ready: None) -> Non
         (directory / "cpu.cfs_period_us").write_text("100000")
         (directory / "cpu.cfs_quota_us").write_text("20000")
         (directory / "cgroup.procs").write_text(str(pid))
-        cgroup_id = workload.cgroup_id("limited")
+        yield Spinner(
+            directory, pid, workload.cgroup_id("limited"), workload.cgroup_path("limited")
+        )
+
+
+@pytest.mark.kernel
+def test_throttle_counts_equal_the_kernel_v1_cpu_stat(kernel_ready: None) -> None:
+    with limited_spinner("throttle") as (directory, pid, cgroup_id, cgroup_path):
         probe = ThrottleProbe()
         probe.attach()
-        probe.watch([workload.cgroup_path("limited")])  # as the agent does for a busy one
+        probe.watch([cgroup_path])  # as the agent does for a busy one
         start = stopped_and_settled([pid], directory)
         first = probe.read()
         assert v1_stat(directory) == start
@@ -467,17 +484,7 @@ def test_throttle_counts_equal_the_kernel_v1_cpu_stat(kernel_ready: None) -> Non
 
 @pytest.mark.kernel
 def test_a_quota_changed_mid_run_starts_a_new_label_set(kernel_ready: None) -> None:
-    v1_root = v1_cpu_root()
-    base = private_base("throttle-change")
-    with (
-        v1_groups(v1_root, [f"/{base}/limited"]) as v1,
-        Workload([Task("limited", cpu=default_cpu())], base=base) as workload,
-    ):
-        directory, pid = v1[f"/{base}/limited"], workload.pids()[0]
-        (directory / "cpu.cfs_period_us").write_text("100000")
-        (directory / "cpu.cfs_quota_us").write_text("20000")
-        (directory / "cgroup.procs").write_text(str(pid))
-        cgroup_id = workload.cgroup_id("limited")
+    with limited_spinner("throttle-change") as (directory, pid, cgroup_id, _):
         probe = ThrottleProbe()
         probe.attach()  # not watched: found by the first read's walk
         start = stopped_and_settled([pid], directory)
