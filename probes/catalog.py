@@ -12,6 +12,7 @@ from tailsight.probes import (
     migration,
     netsyscall,
     pressure,
+    reclaim,
     runqueue,
     tcpstate,
     throttle,
@@ -26,6 +27,7 @@ PROBES: Final[dict[str, ProbeInfo]] = {
         tcpstate.INFO,
         migration.INFO,
         drops.INFO,
+        reclaim.INFO,
         throttle.INFO,
         pressure.INFO,
     )
@@ -41,6 +43,7 @@ _CLASSES: Final[dict[str, type]] = {
     tcpstate.PROBE_NAME: tcpstate.TcpStateProbe,
     migration.PROBE_NAME: migration.MigrationProbe,
     drops.PROBE_NAME: drops.DropsProbe,
+    reclaim.PROBE_NAME: reclaim.ReclaimProbe,
     throttle.PROBE_NAME: throttle.ThrottleProbe,
     pressure.PROBE_NAME: pressure.PressureProbe,
 }
