@@ -30,9 +30,17 @@
  * the same kind and task takes it.  An end without a begin (the probe attached mid-stall) and
  * a begin that finds the table full are counted as lost (reclaim_dropped_events).
  *
- * Overhead: only tasks that stall run the programs (a few per memory-limit hit, none on a host
- * without memory pressure); each run costs two or three helper calls and a hash operation, far
- * below the microseconds a reclaim takes (docs/probes.md).
+ * Overhead: only tasks that stall run the programs, nothing runs on a host without memory
+ * pressure.  Kernel BPF stats against an empty program on the same tracepoints, both attach
+ * orders, tp_btf, the test's reader (~2,250 stalls per order, 2-vCPU VM): begin 248 vs 55 ns,
+ * end 337 vs 55 ns, so +0.5 µs per memcg stall of 11.5 µs mean; of it, the begin's hash update
+ * and the end's first helper call fall inside the measured stall (~0.15 µs).
+ *
+ * Example (tests/probes/test_reclaim.py: a reader pinned to one CPU, limited to 16 MiB (v1),
+ * reads a 64 MiB file once):
+ *   reclaim memcg {cgroup=/reader}: 745 stalls, 6.945 ms; its v2 group's PSI memory some
+ *   +7.346 ms (PSI also counts waits for pages read back after eviction); failcnt +8,627
+ *   (every failed charge, a 64-page batch first: more than the reclaims)
  *
  * Storage: (cgroup, kind) -> series slot (a hash: stalls are rare, no per-CPU cache), then a
  * histogram row and a (sum, pages) pair per slot in arrays mmap-ed by user space.
@@ -152,6 +160,7 @@ static __always_inline void stall_begin(u32 kind)
 
 static __always_inline void stall_end(u32 kind, u64 pages)
 {
+    u64 now_ns = bpf_ktime_get_ns(); /* first: the lookups below are no part of the stall */
     u64 task = ((u64)kind << 32) | (u32)bpf_get_current_pid_tgid();
     u64 *started = reclaim_started.lookup(&task);
     struct reclaim_series_key key = {};
@@ -165,7 +174,7 @@ static __always_inline void stall_end(u32 kind, u64 pages)
         count_drop(DROP_UNPAIRED_END);
         return;
     }
-    stall_ns = bpf_ktime_get_ns() - *started;
+    stall_ns = now_ns - *started;
     reclaim_started.delete(&task);
     key.cgroup_id = bpf_get_current_cgroup_id();
     key.kind = kind;
