@@ -11,7 +11,9 @@ TCP connection (nftables ``numgen`` drop of the server's replies), forced CPU mi
 victim (affinity flipping), a neighbour hammering syscalls on the victim's socket path (a unix
 datagram server both talk to), a second process in the victim's own cgroup stealing its CPU, the
 victim's own CPU quota cut to 20 % (CFS bandwidth throttling), and its memory limit cut under
-its page-cache working set (reclaim, refaults from disk, memory PSI). The last two set limits
+its page-cache working set (reclaim, refaults from disk, memory PSI), and a feed whose sender turns
+to micro-bursts beyond the receiver's socket buffer (UDP receive-buffer drops, the socket's own
+``drops`` column in ``/proc/net/udp`` as ground truth). The cpu and memory faults set limits
 with :class:`ResourceLimit`: on hybrid hosts in a cgroup v1 group at the victim's v2 path, on
 pure v2 hosts in the v2 group itself; the kernel's own counters of the limit (``cpu.stat``,
 ``memory.failcnt``, ``memory.pressure``) are read around the fault as its ground truth
@@ -59,6 +61,7 @@ KINDS: Final = (
     "own_cgroup",
     "cpu_throttle",
     "memory_pressure",
+    "udp_drops",
 )
 QUIET: Final = "quiet"
 """No injection: the victim alone; a right report holds no incident of the victim."""
@@ -178,6 +181,32 @@ TCP_CLIENT: Final = IN_MY_CGROUP + (
     "    got = 0\n"
     "    while got < 64: got += len(c.recv(64 - got))\n"
     "    time.sleep(0.002)\n"
+)
+# udp_drops: a feed receiver with a small socket buffer (its socket made in its own cgroup, so
+# its drops are charged there) and a sender of a datagram per ms that, while the flag file
+# exists, sends micro-bursts instead: BURST datagrams every 20 ms, more than the buffer holds
+# (the receiver's recvfrom then waits up to 20 ms between bursts). At nice -19 the sender's own
+# run-queue wait does not jump with the bursts (at nice 0 it did, behind the recorder: a jump of
+# its own, which its calls then explained).
+UDP_RECEIVER: Final = IN_MY_CGROUP + (
+    "import socket, sys\n"
+    "r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    f"r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, {16 << 10})\n"
+    "r.bind(('127.0.0.1', int(sys.argv[2])))\n"
+    "while True: r.recvfrom(2048)\n"
+)
+BURST: Final = 100
+UDP_SENDER: Final = HIGH_PRIORITY + (
+    "import os, socket, sys, time\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "to, bursts, payload = ('127.0.0.1', int(sys.argv[2])), sys.argv[3], b'x' * 200\n"
+    "while True:\n"
+    "    if os.path.exists(bursts):\n"
+    f"        for _ in range({BURST}): s.sendto(payload, to)\n"
+    "        time.sleep(0.02)\n"
+    "    else:\n"
+    "        s.sendto(payload, to)\n"
+    "        time.sleep(0.001)\n"
 )
 UNIX_SERVER: Final = (
     "import socket, sys\n"
@@ -648,6 +677,11 @@ def run_injection(
         ]
     elif kind == "cpu_throttle":
         tasks = [_task("victim", THROTTLED_VICTIM_CODE, cpu=CPU)]
+    elif kind == "udp_drops":
+        tasks = [
+            _task("victim", UDP_RECEIVER, str(port), "victim", cpu=CPU),
+            _task("sender", UDP_SENDER, str(port), go_path, cpu=other),
+        ]
     elif kind == "memory_pressure":
         if not _disk_backed(directory.parent):
             raise RuntimeError(
@@ -693,6 +727,13 @@ def run_injection(
             culprit = load.cgroup_path("server")
             with _nft_drop(port, 15):
                 time.sleep(fault_s)
+        elif kind == "udp_drops":
+            before_drops = udp_socket_drops(port)
+            Path(go_path).touch()
+            time.sleep(fault_s)
+            Path(go_path).unlink()
+            time.sleep(0.1)  # a burst begun before the flag went: its drops are the fault's
+            kernel_counters = {"udp_drops": udp_socket_drops(port) - before_drops}
         elif kind == "migrations":
             stop = threading.Event()
             flipper = threading.Thread(
@@ -733,6 +774,7 @@ def run_injection(
         "neighbour_syscalls": ("neighbour_calls",),
         "cpu_throttle": ("throttling",),
         "memory_pressure": ("memory_pressure",),
+        "udp_drops": ("packet_drops",),
         QUIET: (),
     }[kind]
     # The first interval of a recording holds, for the probe attached first, every event since
@@ -755,6 +797,15 @@ def run_injection(
         expected=expected,
         kernel_counters=kernel_counters,
     )
+
+
+def udp_socket_drops(port: int, proc_net: Path = Path("/proc/net")) -> int:
+    """The kernel's ``drops`` column of the IPv4 UDP socket bound to ``port``."""
+    for line in (proc_net / "udp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port:
+            return int(fields[-1])
+    raise RuntimeError(f"no UDP socket on port {port} in {proc_net / 'udp'}")
 
 
 def _disk_backed(directory: Path) -> bool:

@@ -51,6 +51,8 @@ def fault_happened(injection: Injection) -> list[str]:
         least = {"limit_hits": 1, "refaults": (WORKING_SET_MIB << 20) // 4096}
         if "memory_stall_us" in counters:  # a kernel with PSI
             least["memory_stall_us"] = 0.01 * FAULT_S * 1e6
+    elif injection.kind == "udp_drops":
+        least = {"udp_drops": FAULT_S / 0.02}  # at least one drop per burst
     wrong = [
         f"{name} rose {counters.get(name, 0)}, not >= {n:.0f}"
         for name, n in least.items()
@@ -92,6 +94,14 @@ def test_injected_fault_is_the_top_cause(kernel_ready: None, tmp_path: Path, kin
         wrong = fault_happened(injection)
         if wrong:
             pytest.fail(f"{kind}: {'; '.join(wrong)} ({injection.kernel_counters})")
+        if kind == "udp_drops":  # the drops probe against the socket's own drops column
+            recorded = sum(
+                c.value
+                for d in injection.documents
+                for c in d.counters
+                if c.name == "packets_dropped" and c.labels.get("cgroup") == injection.victim
+            )
+            assert recorded == injection.kernel_counters["udp_drops"], injection.kernel_counters
         report = explain_documents(injection.documents, config=ExplainConfig(n_boot=100))
         result = score(report, injection)
         dated = abs(result.time_error_s) <= 3 * INTERVAL_S + 0.5
