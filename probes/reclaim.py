@@ -124,7 +124,11 @@ class ReclaimProbe(BccProbe):
         return [*cflags, *offset_cflags(offsets), "-DRECLAIM_HAS_COMPACTION"]
 
     def attach_tracepoints(self) -> Sequence[str]:
-        return RECLAIM_TRACEPOINTS + (COMPACTION_TRACEPOINTS if self.has_compaction else ())
+        """The reclaim pairs, and compaction's where the kernel has it (``extra_cflags``)."""
+        self.tracepoints = RECLAIM_TRACEPOINTS + (
+            COMPACTION_TRACEPOINTS if self.has_compaction else ()
+        )
+        return self.tracepoints
 
     def read(self) -> Snapshot:
         """Cumulative stall histograms per (cgroup, kind), pages reclaimed, drops."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tailsight.probes.base import Snapshot, labels
+from tailsight.probes.bccprobe import table_items
 from tailsight.probes.btf import Btf
 from tailsight.probes.catalog import PROBES, create_probe
 from tailsight.probes.reclaim import (
@@ -214,6 +215,11 @@ def test_memcg_stalls_agree_with_failcnt_and_psi(probe: ReclaimProbe, big_file: 
         if name == DROPPED
     }
     assert dropped == {"series_full": 0, "tasks_full": 0, "unpaired_end": 0, "missed_run": 0}
+    # The cgroup is gone: forgetting it clears its rows and gives its slot back.
+    probe.forget({reading.cgroup_id})
+    assert not _stalls(probe.read(), reading.cgroup_id)
+    slots = probe._bpf[b"reclaim_slots"]  # the kernel's own slot table
+    assert all(int(key.cgroup_id) != reading.cgroup_id for key, _ in table_items(slots))
 
 
 @pytest.mark.kernel
