@@ -2,8 +2,9 @@
 the same attach mode (tp_btf or raw_tp), attached at the same time: runqueue's sched_switch
 under a context-switch-heavy load (two processes ping-ponging a byte over pipes on one CPU),
 tcpstate's inet_sock_set_state (loopback connections), migration's sched_migrate_task
-(affinity flips) and drops' kfree_skb (UDP datagrams to a full receive buffer, each a drop
-charged to the receiving socket's cgroup).  Figures come from the kernel's BPF run-time stats
+(affinity flips), drops' kfree_skb (UDP datagrams to a full receive buffer, each a drop
+charged to the receiving socket's cgroup) and irq's softirq_entry and softirq_exit (the same
+datagrams: each runs a NET_RX softirq on the sender's CPU).  Figures come from the kernel's BPF run-time stats
 (run_time_ns / run_cnt of bpf_prog_info).  The run-queue probe has no sched_wakeup program:
 nothing else to measure.
 
@@ -30,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 from tailsight.probes.drops import DropsProbe
 from tailsight.probes.features import enable_bpf_stats
+from tailsight.probes.irq import IrqProbe
 from tailsight.probes.loader import attach_raw_tracepoints, compile_source, read_program_stats
 from tailsight.probes.migration import MigrationProbe
 from tailsight.probes.runqueue import RunQueueProbe
@@ -244,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         (TcpStateProbe, "inet_sock_set_state", loopback_connections),
         (MigrationProbe, "sched_migrate_task", self_migrations),
         (DropsProbe, "kfree_skb", udp_rcvbuf_drops),
+        (IrqProbe, "softirq_entry", udp_rcvbuf_drops),
+        (IrqProbe, "softirq_exit", udp_rcvbuf_drops),
     )
     cases = tuple(case for case in cases if not args.probe or case[0].name in args.probe)
     with enable_bpf_stats() as mechanism:

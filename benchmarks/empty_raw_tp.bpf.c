@@ -52,3 +52,24 @@ int on_kfree_skb(struct bpf_raw_tracepoint_args *ctx)
 {
     return 0;
 }
+
+/* Baselines for the irq part of bench_probe_overhead.py. */
+int on_softirq_entry(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_softirq_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_irq_handler_entry(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_irq_handler_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
