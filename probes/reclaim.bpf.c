@@ -39,8 +39,9 @@
  * Example (tests/probes/test_reclaim.py: a reader pinned to one CPU, limited to 16 MiB (v1),
  * reads a 64 MiB file once):
  *   reclaim memcg {cgroup=/reader}: 745 stalls, 6.945 ms; its v2 group's PSI memory some
- *   +7.346 ms (PSI also counts waits for pages read back after eviction); failcnt +8,627
- *   (every failed charge, a 64-page batch first: more than the reclaims)
+ *   +7.346 ms (psi_memstall_enter/leave bracket the same call, each updating every level of
+ *   the cgroup's hierarchy: 0.4-0.9 µs more per stall); failcnt +8,627 (every failed charge,
+ *   a 64-page batch first: more than the reclaims)
  *
  * Storage: (cgroup, kind) -> series slot (a hash: stalls are rare, no per-CPU cache), then a
  * histogram row and a (sum, pages) pair per slot in arrays mmap-ed by user space.
