@@ -20,7 +20,7 @@ from tailsight.collector.config import CollectorConfig
 from tailsight.collector.exporter import Family, ProbeStatus, RecordingStatus
 from tailsight.intervals import HistDocument, Series
 from tailsight.probes.base import LabelMemo, Snapshot
-from tailsight.probes.catalog import PROBES, create_probe
+from tailsight.probes.catalog import DEFAULT_PROBES, create_probe
 
 FORGET_EVERY_INTERVALS: Final = 30
 """How often the agent looks for removed cgroups (one stat per cgroup it holds); a removed one
@@ -117,8 +117,8 @@ class Agent:
     _restore_gc: bool = False  # automatic collection was on before ``start`` turned it off
 
     def probe_names(self) -> list[str]:
-        """The configured probes, or every probe in the catalog."""
-        return list(dict.fromkeys(self.config.probes or PROBES))
+        """The configured probes, or the catalog's default ones."""
+        return list(dict.fromkeys(self.config.probes or DEFAULT_PROBES))
 
     def start(self) -> None:
         """Attach every probe that can be; failures are logged and exported, not fatal. With

@@ -9,6 +9,7 @@ from typing import Final
 
 from tailsight.probes import (
     drops,
+    irq,
     migration,
     netsyscall,
     pressure,
@@ -27,11 +28,17 @@ PROBES: Final[dict[str, ProbeInfo]] = {
         tcpstate.INFO,
         migration.INFO,
         drops.INFO,
+        irq.INFO,
         reclaim.INFO,
         throttle.INFO,
         pressure.INFO,
     )
 }
+OFF_BY_DEFAULT: Final = frozenset({irq.PROBE_NAME})
+"""Probes attached only when named (``--probe irq``): irq's programs run on every softirq,
+~200 ns each on this VM, up to hundreds of thousands a second on a busy network host."""
+DEFAULT_PROBES: Final = tuple(name for name in PROBES if name not in OFF_BY_DEFAULT)
+"""What ``serve``, ``record`` and ``trace`` attach without ``--probe``."""
 BPF_PROBES: Final = tuple(name for name, info in PROBES.items() if not info.files)
 """The probes that load BPF programs (the others read the kernel's per-cgroup files)."""
 PROBE_TRACEPOINTS: Final[dict[str, tuple[str, ...]]] = {
@@ -43,6 +50,7 @@ _CLASSES: Final[dict[str, type]] = {
     tcpstate.PROBE_NAME: tcpstate.TcpStateProbe,
     migration.PROBE_NAME: migration.MigrationProbe,
     drops.PROBE_NAME: drops.DropsProbe,
+    irq.PROBE_NAME: irq.IrqProbe,
     reclaim.PROBE_NAME: reclaim.ReclaimProbe,
     throttle.PROBE_NAME: throttle.ThrottleProbe,
     pressure.PROBE_NAME: pressure.PressureProbe,

@@ -28,6 +28,18 @@
  *
  * Lost events are counted in irq_dropped_events (DROP_* below).
  *
+ * Overhead (benchmarks/bench_probe_overhead.py --quick --probe irq: NET_RX of UDP datagrams on
+ * loopback, kernel BPF stats against an empty program on the same tracepoint, both attach
+ * orders, this loaded 2-vCPU VM): tp_btf softirq_entry 85.6 vs 42.4 ns (2.02x, +43 ns),
+ * softirq_exit 116.3 vs 40.2 ns (2.90x, +76 ns): ~200 ns per softirq run in all.  Idle, this VM
+ * runs ~180 softirqs a second; a CPU receiving a UDP flood one datagram per NET_RX run, 230,000
+ * (4.6 % of it): the catalog leaves the probe off unless named (--probe irq).
+ *
+ * Example (tests/probes/test_irq.py: a spinner in /trading on CPU 1, bursts of datagrams whose
+ * receive processing RPS steers to CPU 1, 3 s):
+ *   irq_charged_ns{cgroup=/trading, cpu=1, kind=softirq, vector=NET_RX} = 740.6 ms
+ *   against 750.6 ms the spinner lost on its CPU (its own clock's gaps, less time off the CPU)
+ *
  * Tunables (-D, set by irq.py): IRQ_NR_CPUS, IRQ_MAX_SERIES, IRQ_SOFTIRQ_ROWS, IRQ_HARDIRQ_ROWS.
  */
 #include "hist.bpf.h"
@@ -82,9 +94,9 @@ BPF_HASH(irq_row_owner, u32, u32, IRQ_HARDIRQ_ROWS);
 BPF_ARRAY(irq_row_hint, u32, 1);
 BPF_ARRAY(irq_row_of, u32, IRQ_MAX_IRQ); /* row + 1, 0: none yet (an inlined lookup) */
 BPF_PERCPU_ARRAY(irq_config, struct irq_cpu, 1);
-BPF_F_TABLE("array", u32, u64, irq_time_hist, IRQ_NR_CPUS *IRQ_ROWS *ROW_STRIDE, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, u64, irq_time_hist, IRQ_NR_CPUS * IRQ_ROWS * ROW_STRIDE, BPF_F_MMAPABLE);
 /* (cpu * IRQ_MAX_SERIES + slot) * 2 -> charged ns, then runs. */
-BPF_F_TABLE("array", u32, u64, irq_charged, IRQ_NR_CPUS *IRQ_MAX_SERIES * 2, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, u64, irq_charged, IRQ_NR_CPUS * IRQ_MAX_SERIES * 2, BPF_F_MMAPABLE);
 BPF_HASH(irq_cgroup_allow, u64, u8, 4096);
 BPF_PERCPU_ARRAY(irq_dropped_events, u64, DROP_REASONS);
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 ProbeOption = Annotated[
     list[str] | None,
-    typer.Option("--probe", help="Probe to load (repeatable; default: every probe)."),
+    typer.Option("--probe", help="Probe to load (repeatable; default: every probe but irq)."),
 ]
 RetentionAgeOption = Annotated[
     float | None, typer.Option("--retention-age", min=1, help="Drop recordings older (s).")

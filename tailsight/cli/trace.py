@@ -148,10 +148,10 @@ def trace(
 
     # Loads numpy: kept out of `tailsight --help`.
     from tailsight.cli.wiring import NOTHING_ATTACHED, BadInput, check_probes, wait_until
-    from tailsight.probes.catalog import PROBES
+    from tailsight.probes.catalog import DEFAULT_PROBES
     from tailsight.probes.loader import PrivilegeError
 
-    probes = list(dict.fromkeys(probe or PROBES))
+    probes = list(dict.fromkeys(probe or DEFAULT_PROBES))
     errors = Console(stderr=True)
     try:  # one message up front, not a compile failure per probe
         check_probes(probes)

@@ -323,6 +323,7 @@ def test_unprivileged_probe_attach_raises_the_privilege_error(tmp_path: Path) ->
         "tcpstate",
         "migration",
         "drops",
+        "irq",
         "reclaim",
     ]
     assert all("needs root" in line and "CAP_BPF" in line for line in lines), lines

@@ -30,7 +30,7 @@ import pytest
 
 from tailsight.probes.base import Snapshot, labels
 from tailsight.probes.btf import Btf, BtfError
-from tailsight.probes.catalog import PROBES, create_probe
+from tailsight.probes.catalog import DEFAULT_PROBES, PROBES, create_probe
 from tailsight.probes.irq import (
     CHARGED_NS,
     HARDIRQ,
@@ -219,6 +219,7 @@ def test_the_catalog_describes_the_probe() -> None:
     assert isinstance(create_probe("irq"), IrqProbe)
     assert set(INFO.tracepoints) == set(expected_tracepoint_args())
     assert {series.what for series in INFO.series} == {SOFTIRQ, HARDIRQ}
+    assert "irq" not in DEFAULT_PROBES  # attached only with --probe irq: an event per softirq
 
 
 # -- on the running kernel ------------------------------------------------------------------------
