@@ -24,7 +24,7 @@ import pytest
 
 from tailsight.collector.exporter import GENERIC_HELP
 from tailsight.collector.store.reader import Recording
-from tailsight.probes.catalog import PROBES
+from tailsight.probes.catalog import DEFAULT_PROBES, PROBES
 from tailsight.testing.workload import Workload, private_base, python_task
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -141,7 +141,7 @@ def test_serve_soak(kernel_ready: None, tmp_path: Path) -> None:
             time.sleep(0.5)
             with contextlib.suppress(OSError):
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
-        for probe in PROBES:
+        for probe in DEFAULT_PROBES:  # what serve attaches without --probe
             assert f'tailsight_probe_attached{{probe="{probe}",' in body
             assert re.search(rf'tailsight_probe_attached{{probe="{probe}",[^}}]*}} 1\.0', body), (
                 probe
