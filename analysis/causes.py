@@ -4,7 +4,10 @@ Every candidate compares the same before/after windows as the symptom (per-inter
 
 - **counters** (:data:`COUNTER_CAUSES`): TCP retransmits and retransmit failures, packet drops by
   (protocol, kernel drop reason), task migrations (cross-CPU, cross-node), socket syscall errors
-  by (syscall, errno). One-sided conditional
+  by (syscall, errno).
+- **interrupt time** charged to an incident cgroup (``irq_charged_ns``, the irq probe: softirqs
+  and hard interrupts that ran on its tasks' CPU time), per CPU and vector, where it adds at least
+  :data:`MIN_STALL_NS` per interval. One-sided conditional
   binomial test that the counter's rate rose (:func:`rate_increase_p_value`).
 - **neighbour calls**: socket syscalls per interval of cgroups *outside* the incident (from the
   netsyscall histograms' counts) that at least doubled (:data:`MIN_CALL_RATIO`) and now call
@@ -47,6 +50,8 @@ from tailsight.cgroups import is_within
 from tailsight.intervals import HistDocument
 from tailsight.probes.base import IDLE_CGROUP_NAME
 from tailsight.probes.drops import DROPPED_PACKETS
+from tailsight.probes.irq import CHARGED_NS as IRQ_CHARGED
+from tailsight.probes.irq import SOFTIRQ
 from tailsight.probes.migration import CROSS_NODE_MIGRATIONS
 from tailsight.probes.migration import TASK_MIGRATIONS as MIGRATIONS
 from tailsight.probes.netsyscall import ERRORS
@@ -98,6 +103,9 @@ FORCED_MIGRATIONS: Final = 50.0
 """Moves per interval (100/s at 0.5 s intervals) from which a rising migration rate reads as
 forced (affinity or cpuset flipping) rather than the scheduler's own balancing."""
 FORCED_MIGRATIONS_RATIO: Final = 5.0
+INTERRUPTS: Final = "interrupts"
+"""Interrupt time (the irq probe's ``irq_charged_ns``) taken from an incident cgroup's tasks on
+one CPU by one vector: time they were runnable and running, yet did not run."""
 PRESSURE_CAUSES: Final = {"memory": "memory_pressure", "io": "io_pressure"}
 """Stall kinds that are candidate causes of any rise (cpu stalls are a run-queue wait itself)."""
 THROTTLE_COUNTERS: Final = frozenset({PERIODS, THROTTLED_PERIODS, THROTTLED})
@@ -251,6 +259,13 @@ class Cause:
                 f"{throttled:.0f} of {periods:.0f} periods, {_ms(self.after)} ms per interval"
                 f" ({_ms(self.before)} before)"
             )
+        if self.kind == INTERRUPTS:
+            which = "softirq" if self.labels.get("kind") == SOFTIRQ else "hard interrupt"
+            return (
+                f"{self.labels.get('vector', '?')} {which} took {_ms(self.after)} ms per interval "
+                f"from {self.cgroup} on CPU {self.labels.get('cpu', '?')} "
+                f"({_ms(self.before)} before)"
+            )
         if self.kind in PRESSURE_CAUSES.values():
             resource = self.kind.removesuffix("_pressure")
             what = "reclaiming or faulting in memory" if resource == "memory" else "waiting on io"
@@ -320,7 +335,7 @@ def wanted_counter(name: str) -> bool:
     """A counter that :func:`find_causes` tests."""
     return (
         name in COUNTER_CAUSES
-        or name in (DISPLACED_WAIT, STEAL, PRESSURE_SOME)
+        or name in (DISPLACED_WAIT, STEAL, PRESSURE_SOME, IRQ_CHARGED)
         or name in THROTTLE_COUNTERS
     )
 
@@ -418,6 +433,17 @@ def find_causes(
             if stall is not None and stalled in cgroups and rise_ns >= MIN_STALL_NS:
                 candidates.append(
                     _rise_of_time(stall, stalled, {}, row, (before_row, after_row), WAIT_FLOOR_NS)
+                )
+            continue
+        if name == IRQ_CHARGED:
+            interrupted = labels.get("cgroup", "")
+            rise_ns = after_row.mean() - before_row.mean()
+            if interrupted in cgroups and rise_ns >= MIN_STALL_NS:
+                detail = {k: labels[k] for k in ("cpu", "kind", "vector") if k in labels}
+                candidates.append(
+                    _rise_of_time(
+                        INTERRUPTS, interrupted, detail, row, (before_row, after_row), WAIT_FLOOR_NS
+                    )
                 )
             continue
         if name == STEAL:

@@ -226,7 +226,7 @@ def incident_sentences(incident: Incident) -> list[str]:
         out.append(
             f"No cause found: none of {incident.tested_causes} candidate signals (retransmits, "
             "packet drops, migrations, syscall errors, run-queue displacement, CPU limits, "
-            "pressure stalls) of the cgroups involved "
+            "pressure stalls, interrupt time) of the cgroups involved "
             "rose significantly at the same time."
         )
     else:
