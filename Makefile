@@ -1,10 +1,12 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both set up first: the demo
 # only what it runs (under a minute), the tests everything, llama.cpp's source build included.
+# `make test` leaves out the end-to-end tests marked slow (minutes each); `make test-slow` runs
+# them, and CI (.ci/run) runs both.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup-demo setup demo test lint bench gate clean
+.PHONY: help setup-demo setup demo test test-slow lint bench gate clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -18,12 +20,15 @@ setup:  ## setup-demo + what tests use: dev tools, torch, llama.cpp (built once)
 demo: setup-demo  ## the whole story in < 2 min: trading system, agent, replay, noisy neighbour, explain
 	$(PY) -m tailsight.cli.demo $(DEMO_ARGS)
 
-test: setup  ## lint, type-check, all tests (kernel tests need root), benchmarks in quick mode
+test: setup  ## lint, type-check, every test but the slow ones (kernel tests need root), quick benchmarks
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	bash scripts/typecheck.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
+
+test-slow: setup  ## the slow end-to-end tests: soak, fault injections, demo, fleet, gate workflow
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 bench: setup  ## benchmarks (figures with same-run baselines)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; t=$$(date +%s); \

@@ -217,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"CPUs {cpus[0]} and {cpus[1]}; {rounds} rounds of off, floor and on, {seconds:.2f} s "
-        f"each, per workload; probes on: all four ({', '.join(modes)}); floor: empty programs "
-        "on the same tracepoints"
+        f"each, per workload; probes on: {', '.join(BPF_PROBES)} ({', '.join(modes)}); "
+        "floor: empty programs on the same tracepoints"
     )
     verdicts = []
     for name in workloads:

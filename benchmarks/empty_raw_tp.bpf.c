@@ -73,3 +73,34 @@ int on_irq_handler_exit(struct bpf_raw_tracepoint_args *ctx)
 {
     return 0;
 }
+
+/* The reclaim probe's tracepoints, for bench_workload_slowdown.py's floor. */
+int on_mm_vmscan_direct_reclaim_begin(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_mm_vmscan_direct_reclaim_end(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_mm_vmscan_memcg_reclaim_begin(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_mm_vmscan_memcg_reclaim_end(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_mm_compaction_begin(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
+
+int on_mm_compaction_end(struct bpf_raw_tracepoint_args *ctx)
+{
+    return 0;
+}
