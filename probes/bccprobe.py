@@ -103,6 +103,16 @@ def slot_ids(table: Any) -> dict[int, int]:
     return {int(slot.value): int(key.value) for key, slot in table_items(table)}
 
 
+def cgroup_slots(bpf: Any, prefix: str, cgroup_ids: set[int]) -> list[tuple[Any, int]]:
+    """The (key, slot) entries of ``<prefix>_slots`` whose key's ``cgroup_id`` is one of
+    ``cgroup_ids``: the series a probe's ``forget`` zeroes and releases."""
+    return [
+        (key, int(slot.value))
+        for key, slot in table_items(bpf[f"{prefix}_slots".encode()])
+        if int(key.cgroup_id) in cgroup_ids
+    ]
+
+
 def release_slots(bpf: Any, prefix: str, keys: Iterable[Any]) -> list[int]:
     """Give back the slots of these ``<prefix>_slots`` keys (their rows already zeroed):
     unmapped, unclaimed, and the claim hint moved down to the lowest freed slot so that the

@@ -25,6 +25,7 @@ from tailsight.probes.base import CounterInfo, Labels, ProbeInfo, Snapshot, labe
 from tailsight.probes.bccprobe import (
     BccProbe,
     MappedArray,
+    cgroup_slots,
     drops_help,
     release_slots,
     set_config,
@@ -33,7 +34,13 @@ from tailsight.probes.bccprobe import (
 )
 from tailsight.probes.btf import Btf, BtfError
 from tailsight.probes.loader import ProbeError
-from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, offset_cflags, resolve_offsets
+from tailsight.probes.offsets import (
+    SOCK_FIELDS,
+    OffsetCheckError,
+    check_observed,
+    offset_cflags,
+    resolve_offsets,
+)
 from tailsight.probes.topology import possible_cpu_ids
 
 PROBE_NAME: Final = "drops"
@@ -265,11 +272,7 @@ class DropsProbe(BccProbe):
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' counters and give their series slots back."""
         bpf = self._require_bpf()
-        gone = [
-            (key, int(slot.value))
-            for key, slot in table_items(bpf[b"drops_slots"])
-            if int(key.cgroup_id) in cgroup_ids
-        ]
+        gone = cgroup_slots(bpf, PROBE_NAME, cgroup_ids)
         if gone:
             self._mapped_counts().zero(np.s_[:, sorted(slot for _, slot in gone)])
             release_slots(bpf, PROBE_NAME, [key for key, _ in gone])
@@ -336,16 +339,11 @@ def check_drop_attribution(
         "protocol (SOCK_PROTOCOL_OFF)": (protocol_name(int(record.protocol)), "udp"),
         "reason": (namer(int(record.reason)), "SOCKET_RCVBUFF"),
     }
-    problems = [
-        f"{what}: read {got}, expected {want}"
-        for what, (got, want) in observed.items()
-        if got != want
-    ]
-    if problems:
-        raise OffsetCheckError(
-            "drops self-check: a UDP receive-buffer overflow of known cgroup read wrong, "
-            f"refusing to use the probe ({where}): " + "; ".join(problems)
-        )
+    check_observed(
+        observed,
+        "drops self-check: a UDP receive-buffer overflow of known cgroup read wrong, "
+        f"refusing to use the probe ({where})",
+    )
 
 
 def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:

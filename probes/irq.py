@@ -29,6 +29,7 @@ from tailsight.probes.base import (
 from tailsight.probes.bccprobe import (
     BccProbe,
     MappedArray,
+    cgroup_slots,
     drops_help,
     release_slots,
     slot_histograms,
@@ -228,11 +229,7 @@ class IrqProbe(BccProbe):
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' charged counters and give their series slots back."""
         bpf = self._require_bpf()
-        gone = [
-            (key, int(slot.value))
-            for key, slot in table_items(bpf[b"irq_slots"])
-            if int(key.cgroup_id) in cgroup_ids
-        ]
+        gone = cgroup_slots(bpf, PROBE_NAME, cgroup_ids)
         if gone:
             self._mapped_charged().zero(np.s_[:, sorted(slot for _, slot in gone)])
             release_slots(bpf, PROBE_NAME, [key for key, _ in gone])

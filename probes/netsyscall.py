@@ -21,6 +21,7 @@ from tailsight.probes.base import (
 )
 from tailsight.probes.bccprobe import (
     BccProbe,
+    cgroup_slots,
     delete_where,
     drops_help,
     release_slots,
@@ -149,11 +150,7 @@ class NetSyscallProbe(BccProbe):
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' series rows, give their slots back, drop their errors."""
         bpf = self._require_bpf()
-        gone = [
-            (key, int(slot.value))
-            for key, slot in table_items(bpf[b"netsyscall_slots"])
-            if int(key.cgroup_id) in cgroup_ids
-        ]
+        gone = cgroup_slots(bpf, PROBE_NAME, cgroup_ids)
         if gone:
             rows = sorted(slot for _, slot in gone)
             self.mapped("netsyscall_sum_ns", np.uint64, (MAX_SERIES,)).zero(rows)

@@ -60,6 +60,15 @@ class OffsetCheckError(RuntimeError):
     """BTF offsets could not be resolved, or reading our own task with them gave wrong values."""
 
 
+def check_observed(observed: Mapping[str, tuple[object, object]], refusal: str) -> None:
+    """Raise :class:`OffsetCheckError` (``refusal``, then each field that disagreed) unless every
+    ``what: (read, expected)`` of a self-check agrees."""
+    problems = [f"{what}: read {got}, expected {want}" for what, (got, want) in observed.items()
+                if got != want]  # fmt: skip
+    if problems:
+        raise OffsetCheckError(f"{refusal}: " + "; ".join(problems))
+
+
 @dataclass(frozen=True)
 class SelfCheckReport:
     """What the self-check read about the checking thread (all values agreed)."""

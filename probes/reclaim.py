@@ -26,6 +26,7 @@ from tailsight.probes.base import (
 )
 from tailsight.probes.bccprobe import (
     BccProbe,
+    cgroup_slots,
     drops_help,
     release_slots,
     slot_histograms,
@@ -157,11 +158,7 @@ class ReclaimProbe(BccProbe):
     def forget(self, cgroup_ids: set[int]) -> None:
         """Clear removed cgroups' rows and give their series slots back."""
         bpf = self._require_bpf()
-        gone = [
-            (key, int(slot.value))
-            for key, slot in table_items(bpf[b"reclaim_slots"])
-            if int(key.cgroup_id) in cgroup_ids
-        ]
+        gone = cgroup_slots(bpf, PROBE_NAME, cgroup_ids)
         if gone:
             slots = sorted(slot for _, slot in gone)
             self.mapped("reclaim_stall_hist", np.uint64, (MAX_SERIES, HIST_ROW)).zero(np.s_[slots])

@@ -45,7 +45,13 @@ from tailsight.probes.bccprobe import (
     table_items,
 )
 from tailsight.probes.btf import Btf
-from tailsight.probes.offsets import SOCK_FIELDS, OffsetCheckError, offset_cflags, resolve_offsets
+from tailsight.probes.offsets import (
+    SOCK_FIELDS,
+    OffsetCheckError,
+    check_observed,
+    offset_cflags,
+    resolve_offsets,
+)
 
 PROBE_NAME: Final = "tcpstate"
 MAX_PORT_LABELS: Final = 64  # TCPSTATE_MAX_PORTS in tcpstate.bpf.c
@@ -331,16 +337,11 @@ def check_sock_offsets(bpf: Any, offsets: Mapping[str, int], timeout_s: float = 
             "remote port (SOCK_DPORT_OFF)": (int(record.remote_port), listen_port),
             "protocol (SOCK_PROTOCOL_OFF)": (int(record.protocol), _IPPROTO_TCP),
         }
-        problems = [
-            f"{what}: read {got}, expected {want}"
-            for what, (got, want) in observed.items()
-            if got != want
-        ]
-        if problems:
-            raise OffsetCheckError(
-                "socket offsets disagree with a loopback connection of known cgroup, refusing "
-                f"to use them ({where}): " + "; ".join(problems)
-            )
+        check_observed(
+            observed,
+            "socket offsets disagree with a loopback connection of known cgroup, refusing "
+            f"to use them ({where})",
+        )
 
 
 def expected_tracepoint_args() -> Mapping[str, Sequence[str]]:
